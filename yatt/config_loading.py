@@ -1,0 +1,74 @@
+"""Loading a pydantic config from YAML plus `a.b=c` overrides, with errors that name the file and field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+C = TypeVar("C", bound=BaseModel)
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the file and the field."""
+
+
+def apply_override(tree: dict, assignment: str, source: str) -> None:
+    """Set `a.b.c=value` in a nested dict; the value is parsed as YAML (so 3, 1e-4, true, [1,2] work)."""
+    if "=" not in assignment:
+        raise ConfigError(f"{source}: override {assignment!r} is not of the form key.sub=value")
+    dotted, raw = assignment.split("=", 1)
+    keys = dotted.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"{source}: override {assignment!r} has an empty key")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{source}: override {dotted!r}: {key!r} is not a section")
+        node = child
+    try:
+        node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}: override {assignment!r}: value is not valid YAML ({err})") from None
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        got = "" if e["type"] in ("extra_forbidden", "missing") else f" (got {e.get('input')!r})"
+        lines.append(f"  {field}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def load_config(cls: type[C], path: str | Path | None, overrides: list[str] = ()) -> C:
+    """Read `path` (YAML) into `cls`, after applying overrides; raise ConfigError naming file and field."""
+    source = str(path) if path else "<defaults>"
+    tree: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{source}: config file not found")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{source}: not valid YAML: {err}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{source}: top level must be a mapping of sections")
+    for assignment in overrides:
+        apply_override(tree, assignment, f"{source} (command line)")
+    try:
+        return cls.model_validate(tree)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+
+
+def dump_config(cfg: BaseModel, path: str | Path) -> None:
+    """Write the resolved config as YAML (paths and enums as plain strings)."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

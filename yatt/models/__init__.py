@@ -1,0 +1,1 @@
+"""Model folders: building tiny models with their tokenizers, loading and checking HF folders."""
