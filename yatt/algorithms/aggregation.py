@@ -1,0 +1,96 @@
+"""Masked reductions, loss aggregation modes, and logits -> entropy / log-prob helpers."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+LOSS_AGGREGATIONS: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def _masked(x: Tensor, mask: Tensor) -> Tensor:
+    # where() first so that inf/NaN in padded positions cannot leak through 0 * inf = NaN.
+    return torch.where(mask.bool(), x, 0.0) * mask.to(x.dtype)
+
+
+def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of x over positions where mask is nonzero (all dims if dim is None)."""
+    masked = _masked(x, mask)
+    return masked.sum() if dim is None else masked.sum(dim=dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of x over positions where mask is nonzero; 0 (not NaN) where nothing is valid."""
+    m = mask.to(x.dtype)
+    count = m.sum() if dim is None else m.sum(dim=dim)
+    return masked_sum(x, mask, dim) / count.clamp_min(1.0)
+
+
+def aggregate_loss(
+    token_loss: Tensor,
+    mask: Tensor,
+    mode: str,
+    num_tokens: float | Tensor | None = None,
+    num_seqs: float | Tensor | None = None,
+    norm_length: int | None = None,
+) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar.
+
+    Modes (len_b = valid tokens of sequence b):
+      "token-mean":              sum_bt loss / num_tokens                   (num_tokens: mask.sum())
+      "seq-mean-token-sum":      sum_b (sum_t loss) / num_seqs                       (num_seqs: B)
+      "seq-mean-token-mean":     sum_b (sum_t loss / max(len_b, 1)) / num_seqs
+      "seq-mean-token-sum-norm": sum_b (sum_t loss / norm_length) / num_seqs  (Dr. GRPO; norm_length: T)
+
+    Why the denominators are parameters: with gradient accumulation over micro-batches and
+    data-parallel ranks, each micro-batch must be divided by the *global* token / sequence count
+    (summed over all micro-batches and ranks), not its own. Then summing the micro-batch losses
+    (and DDP's gradient all-reduce, scaled by the world size to undo its averaging) gives exactly
+    the full-batch loss; a per-micro-batch mean would weight tokens of short micro-batches more.
+    For "seq-mean-token-sum-norm" pass the same norm_length everywhere (e.g. the max response
+    length), since micro-batches may be padded to different T.
+    """
+    if mode not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss aggregation {mode!r}; valid: {list(LOSS_AGGREGATIONS)}")
+    if mode == "token-mean":
+        denom = num_tokens if num_tokens is not None else mask.to(token_loss.dtype).sum().clamp_min(1.0)
+        return masked_sum(token_loss, mask) / denom
+
+    seq_sum = masked_sum(token_loss, mask, dim=-1)
+    if mode == "seq-mean-token-sum":
+        per_seq = seq_sum
+    elif mode == "seq-mean-token-mean":
+        per_seq = seq_sum / mask.to(token_loss.dtype).sum(dim=-1).clamp_min(1.0)
+    else:
+        length = token_loss.shape[-1] if norm_length is None else norm_length
+        if length <= 0:
+            raise ValueError(f"norm_length must be > 0, got {length}")
+        per_seq = seq_sum / length
+    denom = num_seqs if num_seqs is not None else max(token_loss.shape[0], 1)
+    return per_seq.sum() / denom
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) over the last dim, in float32: logsumexp - sum(p * logits).
+
+    This form avoids log(p) of tiny probabilities; -inf logits (masked vocab) contribute 0.
+    """
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)
+    weighted = torch.where(probs > 0, probs * logits, 0.0)
+    return torch.logsumexp(logits, dim=-1) - weighted.sum(dim=-1)
+
+
+def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[..., targets] for logits [B, T, V], targets [B, T]; float32 [B, T].
+
+    Gathers before normalizing so no [B, T, V] log-softmax tensor is kept for backward.
+    """
+    logits = logits.float()
+    picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)

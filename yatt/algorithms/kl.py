@@ -1,0 +1,57 @@
+"""Per-token KL estimators between the policy and a reference policy (Schulman, "Approximating KL
+divergence", 2020), evaluated on tokens sampled from the policy."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+# exp() of a log-ratio beyond this overflows float32/bf16 or dominates the loss; tokens this
+# far apart are already maximally penalized, so clamping loses nothing useful.
+LOG_RATIO_CLAMP = 20.0
+
+
+def _k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """log(pi/ref): unbiased but high variance, can be negative per token."""
+    return logprobs - ref_logprobs
+
+
+def _k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """0.5 * log(pi/ref)^2: biased, low variance, always >= 0."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def _k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """r - 1 - log r with r = ref/pi: unbiased, low variance, always >= 0.
+
+    The log-ratio is clamped to [-20, 20] before exponentiating (numerical safety).
+    """
+    log_ratio = (logprobs - ref_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.exp(-log_ratio) - 1 + log_ratio
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+
+
+def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:
+    """Look up a KL estimator `(logprobs, ref_logprobs) -> per-token KL` by name."""
+    try:
+        return KL_ESTIMATORS[name]
+    except KeyError:
+        raise ValueError(f"unknown KL estimator {name!r}; valid: {sorted(KL_ESTIMATORS)}") from None
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
+    """Per-token KL(pi || ref) estimate of the given kind ("k1", "k2", "k3"); same shape as inputs."""
+    return get_kl_estimator(kind)(logprobs, ref_logprobs)
+
+
+def kl_penalized_rewards(rewards: Tensor, kl: Tensor, mask: Tensor, coef: float) -> Tensor:
+    """Sequence rewards [B] minus coef * the summed per-token KL over valid tokens.
+
+    This is KL used as a reward penalty (outcome rewards), as opposed to a KL loss term.
+    """
+    seq_kl = torch.where(mask.bool(), kl, 0.0).sum(dim=-1)
+    return rewards - coef * seq_kl
