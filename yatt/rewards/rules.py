@@ -1,0 +1,56 @@
+"""Rule verifiers: response text + prompt row -> score in [0, 1]. Chosen by the row's data_source."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Callable
+
+from yatt.data.gym import GYM_PREFIX
+from yatt.data.rows import PromptRow
+
+Verifier = Callable[[str, PromptRow], float]
+
+
+def exact_match(response: str, row: PromptRow) -> float:
+    """1 if the stripped response equals the reference answer."""
+    return float(row.answer is not None and response.strip() == row.answer.strip())
+
+
+def last_number(response: str, row: PromptRow) -> float:
+    """1 if the last number in the response equals the (numeric) reference answer."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", response.replace(",", ""))
+    if not numbers or row.answer is None:
+        return 0.0
+    try:
+        return float(abs(float(numbers[-1]) - float(row.answer)) < 1e-6)
+    except ValueError:
+        return 0.0
+
+
+@lru_cache(maxsize=None)
+def _gym_scorer(dataset: str) -> Callable:
+    import reasoning_gym
+
+    return reasoning_gym.get_score_answer_fn(dataset)
+
+
+def reasoning_gym_score(response: str, row: PromptRow) -> float:
+    entry = {"question": row.question(), "answer": row.answer, "metadata": row.metadata}
+    return float(_gym_scorer(row.data_source[len(GYM_PREFIX):])(answer=response.strip(), entry=entry))
+
+
+RULES: dict[str, Verifier] = {"exact_match": exact_match, "addition": exact_match, "last_number": last_number}
+
+
+def get_verifier(data_source: str) -> Verifier:
+    if data_source.startswith(GYM_PREFIX):
+        return reasoning_gym_score
+    if data_source not in RULES:
+        raise ValueError(f"no rule verifier for data_source {data_source!r}; known: {sorted(RULES)} "
+                         f"or {GYM_PREFIX}<dataset>")
+    return RULES[data_source]
+
+
+def score(response: str, row: PromptRow) -> float:
+    return get_verifier(row.data_source)(response, row)
