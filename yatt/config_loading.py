@@ -39,10 +39,11 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid config"]
     for e in err.errors():
         field = ".".join(str(p) for p in e["loc"]) or "<root>"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
-        got = "" if e["type"] in ("extra_forbidden", "missing") else f" (got {e.get('input')!r})"
+        shows_input = e["loc"] and e["type"] not in ("extra_forbidden", "missing")
+        got = f" (got {e.get('input')!r})" if shows_input else ""
         lines.append(f"  {field}: {msg}{got}")
     return "\n".join(lines)
 

@@ -1,0 +1,28 @@
+# Two commands on a fresh machine:
+#   make quickstart   set up, build the tiny policy (once), train it with GRPO on 2 CPU ranks
+#   make test         set up, run the test suite (CI runs this)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.yatt-setup
+export OMP_NUM_THREADS := 1
+
+.PHONY: setup quickstart test test-all clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $(STAMP)
+
+quickstart: setup
+	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
+	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml --placement full
+
+test: setup
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: setup
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf runs models/quickstart-policy

@@ -1,0 +1,38 @@
+"""Supervised fine-tuning of a tiny yatt model, stopped on a held-out accuracy threshold.
+
+    python launch/sft.py --config configs/sft_quickstart.yaml [key.sub=value ...] [--force]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo's yatt importable
+
+import torch  # noqa: E402
+
+from yatt.config_loading import ConfigError, load_config  # noqa: E402
+from yatt.sft import SFTConfig, run_sft  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="YAML file of an SFTConfig")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
+    parser.add_argument("--force", action="store_true", help="train and replace the output folder even if it exists")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(SFTConfig, args.config, args.overrides)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    if cfg.output_dir.exists() and not args.force:
+        print(f"sft: {cfg.output_dir} already exists; skipping (pass --force to train again)")
+        return 0
+    torch.set_num_threads(1)
+    run_sft(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

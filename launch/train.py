@@ -1,0 +1,48 @@
+"""Launch an RL run: one process per device, each a controller shard.
+
+    torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml --placement full [key.sub=value ...]
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from yatt.config import check_world, load_experiment  # noqa: E402
+from yatt.config_loading import ConfigError  # noqa: E402
+from yatt.data.jsonl import DataError  # noqa: E402
+from yatt.distributed import close_world, env_rank, init_world  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="yatt RL training (run under torchrun)")
+    parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/quickstart.yaml")
+    parser.add_argument("--placement", choices=["full", "partial"], help="shortcut for placement.mode")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML")
+    args = parser.parse_args()
+
+    try:  # every rank validates, so a bad config stops the job before any process group or engine exists
+        cfg = load_experiment(args.config, args.overrides, args.placement)
+        check_world(cfg, int(os.environ.get("WORLD_SIZE", "1")), args.config)
+    except ConfigError as err:
+        if env_rank() == 0:
+            print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    from yatt.controllers.run import run_experiment  # heavy imports only once the config is good
+
+    world = init_world()
+    try:
+        run_experiment(cfg, world)
+    except DataError as err:
+        print(f"error (rank {world.rank}): {err}", file=sys.stderr)
+        return 2
+    finally:
+        close_world()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

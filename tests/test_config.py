@@ -1,0 +1,84 @@
+"""Bad configs fail at start-up with a short message naming the file and the field."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from yatt.config import check_world, load_experiment
+from yatt.config_loading import ConfigError
+from yatt.models.tiny import write_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+
+
+def write_config(tmp_path: Path, model_dir: Path, extra: str = "", model_path: str | None = None) -> Path:
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
+    path = tmp_path / "exp.yaml"
+    path.write_text(f"model: {{path: {model_path or model_dir}}}\n"
+                    f"data:\n  train: {{kind: jsonl, files: [{data}]}}\n  prompts_per_step: 4\n  max_prompt_tokens: 64\n{extra}")
+    return path
+
+
+def test_valid_config_loads_with_overrides_and_placement_shortcut(tmp_path, model_dir):
+    cfg = load_experiment(write_config(tmp_path, model_dir), ["trainer.lr=3e-4", "rollout.group_size=4"], "full")
+    assert cfg.trainer.lr == 3e-4 and cfg.rollout.group_size == 4 and cfg.placement.mode == "full"
+
+
+def test_unknown_key_names_the_field_and_file(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir, "trainer:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment(path)
+    assert str(path) in str(err.value) and "trainer.learning_rate: unknown key" in str(err.value)
+
+
+def test_wrong_type_names_the_field(tmp_path, model_dir):
+    with pytest.raises(ConfigError) as err:
+        load_experiment(write_config(tmp_path, model_dir), ["rollout.group_size=many"])
+    assert "rollout.group_size" in str(err.value) and "'many'" in str(err.value)
+
+
+def test_missing_model_folder(tmp_path, model_dir):
+    with pytest.raises(ConfigError) as err:
+        load_experiment(write_config(tmp_path, model_dir, model_path=str(tmp_path / "nope")))
+    assert "model.path" in str(err.value) and "model folder not found" in str(err.value)
+
+
+def test_impossible_combinations(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir)
+    with pytest.raises(ConfigError, match="group_size must be >= 2"):
+        load_experiment(path, ["rollout.group_size=1"])
+    with pytest.raises(ConfigError, match="partial"):
+        load_experiment(path, placement="partial")
+    with pytest.raises(ConfigError, match="exceeds rollout.engine.max_model_len=64"):
+        load_experiment(path, ["rollout.engine.max_model_len=64", "data.max_prompt_tokens=60"])
+    with pytest.raises(ConfigError, match="the model has 128 positions"):
+        load_experiment(path, ["data.max_prompt_tokens=200"])
+    with pytest.raises(ConfigError, match="split evenly over 3 ranks"):
+        check_world(load_experiment(path), 3, str(path))
+
+
+def test_launcher_reports_config_errors_before_starting(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir, "bogus: 1\n")
+    proc = subprocess.run([sys.executable, str(REPO / "launch/train.py"), "--config", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"error: {path}: invalid config" in proc.stderr and "bogus: unknown key" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_launcher_reports_malformed_jsonl_line(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir, f"run: {{output_dir: {tmp_path / 'runs'}}}\n")
+    (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
+    proc = subprocess.run([sys.executable, str(REPO / "launch/train.py"), "--config", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"{tmp_path / 'train.jsonl'}:2: not valid JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr

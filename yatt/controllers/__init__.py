@@ -1,0 +1,1 @@
+"""The controller shard: each torchrun rank runs the RL step for its own slice of the data."""

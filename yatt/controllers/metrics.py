@@ -1,0 +1,51 @@
+"""Per-step metrics: one JSON line per step in metrics.jsonl, and a readable progress line."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class MetricsLogger:
+    """Written by rank 0 only; other ranks hold a disabled logger so callers need no rank checks."""
+
+    def __init__(self, path: Path, total_steps: int, enabled: bool):
+        self.path, self.total_steps, self.enabled = path, total_steps, enabled
+        self.start = time.perf_counter()
+        self._file = open(path, "a", encoding="utf-8") if enabled else None
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        record = {"step": step, "elapsed_s": round(elapsed, 3), **metrics}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        print(self.console_line(step, metrics, elapsed), flush=True)
+
+    def console_line(self, step: int, m: dict[str, float], elapsed: float) -> str:
+        parts = [f"step {step:>4}/{self.total_steps}"]
+        if "reward/mean" in m:
+            parts.append(f"reward {m['reward/mean']:.3f}")
+        if "eval/accuracy" in m:
+            parts.append(f"eval acc {m['eval/accuracy']:.3f}")
+        if "response/length_mean" in m:
+            parts.append(f"len {m['response/length_mean']:.1f}")
+            parts.append(f"ent {m['actor/entropy']:.3f} clip {m['actor/clip_frac']:.3f} "
+                         f"gnorm {m['actor/grad_norm']:.2f}")
+            parts.append(f"gen {m['time/generate_s']:.2f}s upd {m['time/update_s']:.2f}s "
+                         f"sync {m['time/sync_s']:.2f}s {m['perf/gen_tokens_per_s']:.0f} tok/s")
+        eta = elapsed / step * (self.total_steps - step) if step else math.nan
+        parts.append(f"{_duration(elapsed)} elapsed" + (f", eta {_duration(eta)}" if step else ""))
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()

@@ -1,0 +1,57 @@
+"""Rollouts of one rank: prompts -> G sampled responses each (with the engine's logprobs) -> rewards."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from yatt.data.jsonl import DataError
+from yatt.data.rows import PromptRow
+from yatt.engines.base import Engine, SamplingSpec
+from yatt.rewards.rules import score
+
+
+@dataclass
+class Rollout:
+    row: PromptRow
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    reward: float = 0.0
+
+
+def sample_seed(run_seed: int, step: int, row_index: int) -> int:
+    """A sampling seed fixed by (run, step, prompt), so a rerun or resume draws the same samples."""
+    digest = hashlib.blake2b(f"{run_seed}:{step}:{row_index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+def encode_prompts(rows: list[PromptRow], tokenizer, max_prompt_tokens: int) -> list[list[int]]:
+    encoded = []
+    for row in rows:
+        ids = row.prompt_ids(tokenizer)
+        if len(ids) > max_prompt_tokens:
+            raise DataError(f"prompt #{row.index} ({row.data_source}) has {len(ids)} tokens, more than "
+                            f"data.max_prompt_tokens={max_prompt_tokens}")
+        encoded.append(ids)
+    return encoded
+
+
+def generate_rollouts(engine: Engine, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
+                      tokenizer, seeds: list[int] | None) -> list[Rollout]:
+    """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G))."""
+    per_prompt = engine.generate(prompt_ids, sampling, seeds)
+    rollouts = []
+    for row, ids, completions in zip(rows, prompt_ids, per_prompt):
+        for c in completions:
+            rollouts.append(Rollout(row, ids, list(c.token_ids), list(c.logprobs), c.finish_reason,
+                                    text=tokenizer.decode(c.token_ids, skip_special_tokens=True)))
+    return rollouts
+
+
+def score_rollouts(rollouts: list[Rollout]) -> None:
+    """Rule rewards, in place."""
+    for r in rollouts:
+        r.reward = score(r.text, r.row)

@@ -1,0 +1,1 @@
+"""Task data sets in the yatt JSONL prompt format."""

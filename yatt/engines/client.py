@@ -1,0 +1,263 @@
+"""Start an engine child process and talk to it through the `Engine` interface.
+
+The engine runs in its own process because an in-process vLLM inside a torchrun rank adopts
+torchrun's process group (and destroys it on shutdown), reseeds the global RNG and pins torch's
+thread count. The child therefore gets an environment without torchrun's variables.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import yatt
+from yatt.engines.base import Completion, SamplingSpec
+from yatt.engines.config import EngineConfig
+from yatt.transport.codec import new_secret
+from yatt.transport.rpc import RpcClient
+
+TORCHRUN_VARS = frozenset({
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+})  # fmt: skip
+TORCHRUN_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
+TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+class EngineStartError(RuntimeError):
+    """The engine process exited or timed out before serving; the message holds its log tail."""
+
+
+class EngineDied(RuntimeError):
+    """The engine process is gone; the message names its exit code and holds its log tail."""
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"<cannot read {path}: {e}>"
+
+
+def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: ours minus torchrun's variables, plus engine tuning."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith(TORCHRUN_PREFIXES)
+    }
+    env["OMP_NUM_THREADS"] = str(cfg.threads)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in the child itself: fastest on CPU
+    # vLLM reads this as whole GiB and lets it override the exact size the engine passes.
+    if float(cfg.kv_cache_gib).is_integer():
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.kv_cache_gib))
+    else:
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if os.path.exists(TCMALLOC) and TCMALLOC not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
+    root = str(Path(yatt.__file__).resolve().parents[1])  # so `-m yatt...` works from any cwd
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.update(extra_env or {})
+    return env
+
+
+def weight_buckets(
+    named_tensors: list[tuple[str, torch.Tensor]], max_bytes: int
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Split into messages of at most ``max_bytes``, never splitting one decoder layer.
+
+    vLLM reloads fused modules (qkv_proj, gate_up_proj) layer by layer: a module that receives
+    only some of its parts in one reload is silently left half-updated. Keeping each
+    ``*.layers.N.*`` group (or each module outside the layers) whole avoids that; a group larger
+    than ``max_bytes`` is sent alone.
+    """
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, t in named_tensors:
+        m = _LAYER.match(name)
+        groups.setdefault(m.group(1) if m else name.rpartition(".")[0], []).append((name, t))
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for items in groups.values():
+        n = sum(t.numel() * t.element_size() for _, t in items)
+        if bucket and size + n > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.extend(items)
+        size += n
+    if bucket:
+        yield bucket
+
+
+class EngineClient:
+    """The `Engine` interface over RPC to a child started by `spawn_engine`."""
+
+    def __init__(self, proc: subprocess.Popen, endpoint: str, secret: bytes, cfg: EngineConfig, log_path: Path) -> None:
+        self.proc = proc
+        self.endpoint = endpoint
+        self.cfg = cfg
+        self.log_path = Path(log_path)
+        self._closed = False
+        self._rpc = RpcClient(endpoint, secret, cfg.request_timeout_s, liveness=self._check_alive)
+        atexit.register(self.close)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _check_alive(self) -> None:
+        rc = self.proc.poll()
+        if rc is not None:
+            raise EngineDied(
+                f"engine process {self.proc.pid} exited with code {rc}; last lines of {self.log_path}:\n"
+                + log_tail(self.log_path)
+            )
+
+    def _call(self, method: str, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        if self._closed:
+            raise RuntimeError("EngineClient is closed")
+        self._check_alive()
+        try:
+            return self._rpc.call(method, timeout_s=timeout_s, **kwargs)
+        except TimeoutError:
+            self._check_alive()  # prefer "it died" over "it was slow"
+            raise
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
+        rows = self._call(
+            "generate",
+            prompts=[[int(t) for t in p] for p in prompts],
+            sampling=sampling.to_dict(),
+            seeds=None if seeds is None else [int(s) for s in seeds],
+        )
+        return [[Completion.from_dict(c) for c in row] for row in rows]
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Send weights in layer-aligned buckets of at most ``weight_bucket_mb`` MB.
+
+        Floating tensors are cast to the engine dtype here, so no more bytes travel than the
+        engine keeps; each bucket is applied before the next is sent, bounding extra memory.
+        """
+        dtype = _DTYPES[self.cfg.dtype]
+        prepared = [
+            (name, t.detach().to("cpu", dtype=dtype if t.is_floating_point() else t.dtype).contiguous())
+            for name, t in named_tensors
+        ]
+        for bucket in weight_buckets(prepared, self.cfg.weight_bucket_mb * (1 << 20)):
+            self._call("update_weights", named_tensors=bucket)
+
+    def sleep(self) -> dict[str, Any]:
+        return self._call("sleep")
+
+    def wake(self) -> dict[str, Any]:
+        return self._call("wake")
+
+    def health(self) -> dict[str, Any]:
+        return self._call("health", timeout_s=30)
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Ask the engine to shut down, then make sure its process is gone (terminate, kill)."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        try:
+            if self.proc.poll() is None:
+                self._rpc.call("shutdown", timeout_s=timeout_s)
+        except Exception:
+            pass  # it is being torn down anyway
+        finally:
+            self._rpc.close()
+        for stop in (None, self.proc.terminate, self.proc.kill):
+            if stop is not None and self.proc.poll() is None:
+                stop()
+            try:
+                self.proc.wait(timeout=timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def spawn_engine(
+    model_path: str | Path,
+    cfg: EngineConfig,
+    seed: int,
+    log_path: Path,
+    secret: bytes | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> EngineClient:
+    """Start ``python -m yatt.engines.server`` and return a client once it serves.
+
+    The spec (with the secret) goes through stdin, never argv/env, which other local users can
+    read. ``extra_env`` is applied last (e.g. CUDA_VISIBLE_DEVICES for placement).
+    """
+    secret = secret or new_secret()
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    ready_dir = Path(tempfile.mkdtemp(prefix="yatt-engine-"))
+    ready_file = ready_dir / "endpoint"
+    spec = {
+        "backend": cfg.backend,
+        "model_path": str(model_path),
+        "engine": cfg.model_dump(),
+        "seed": int(seed),
+        "secret_hex": secret.hex(),
+        "ready_file": str(ready_file),
+        "parent_pid": os.getpid(),
+    }
+    with open(log_path, "wb") as log_file:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "yatt.engines.server"],
+            stdin=subprocess.PIPE,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=engine_env(cfg, extra_env),
+        )
+    try:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(json.dumps(spec).encode())
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # the child already died; the loop below reports it with the log tail
+        deadline = time.monotonic() + cfg.startup_timeout_s
+        while not ready_file.exists():
+            rc = proc.poll()
+            if rc is not None:
+                raise EngineStartError(f"engine exited with code {rc} during startup:\n{log_tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise EngineStartError(
+                    f"engine not ready after {cfg.startup_timeout_s:.0f}s:\n{log_tail(log_path)}"
+                )
+            time.sleep(0.05)
+        endpoint = ready_file.read_text().strip()
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        raise
+    finally:
+        shutil.rmtree(ready_dir, ignore_errors=True)
+    return EngineClient(proc, endpoint, secret, cfg, log_path)

@@ -1,0 +1,40 @@
+"""Configuration of an inference engine service (rollout or generative reward model)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineConfig(BaseModel):
+    """How to build and talk to one engine child process.
+
+    Unknown keys are errors (``extra="forbid"``) so that a typo in a run config fails loudly
+    instead of silently running with a default.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Literal["vllm"] = Field("vllm", description="Inference library running in the engine process.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weight/activation dtype inside the engine; float32 makes logprobs comparable to the trainer's on CPU."
+    )
+    max_model_len: int | None = Field(
+        None, gt=0, description="Longest prompt+completion in tokens; must not exceed the model's positions. "
+        "None: an experiment sets data.max_prompt_tokens + rollout.max_new_tokens, a bare engine the model's limit."
+    )
+    max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together in one engine step.")
+    kv_cache_gib: float = Field(
+        1.0, gt=0, description="CPU only: KV cache size in GiB (without it vLLM reserves most of the host RAM)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.4, gt=0, le=1, description="GPU only: fraction of device memory vLLM may take (weights+KV), leaving room for the trainer."
+    )
+    enforce_eager: bool = Field(True, description="Skip CUDA-graph/compile capture: slower decode, much faster startup.")
+    threads: int = Field(1, gt=0, description="OMP/torch threads of the engine process (OMP_NUM_THREADS).")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Give up if the engine is not serving after this long.")
+    request_timeout_s: float = Field(600.0, gt=0, description="Default timeout of one RPC (e.g. one generate call).")
+    weight_bucket_mb: int = Field(
+        256, gt=0, description="Max MB of tensors per weight-update message; bounds the extra memory a sync needs."
+    )

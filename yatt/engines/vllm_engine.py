@@ -1,0 +1,213 @@
+"""vLLM behind the `Engine` interface, running in the current process.
+
+Meant to run inside the engine child (`yatt.engines.server`), never inside a torchrun rank:
+an in-process vLLM adopts torchrun's default process group, destroys it on shutdown, reseeds
+the global RNG and pins torch's thread count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from yatt.engines.base import Completion, SamplingSpec
+from yatt.engines.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+GIB = 1 << 30
+# vLLM warns about every module a partial reload does not touch; with per-layer buckets that is
+# all other layers on every call, which buries real problems in the log.
+_RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+)
+
+
+@contextlib.contextmanager
+def _quiet_partial_reload() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in _RELOAD_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _refresh_tied_lm_head(worker: Any) -> bool:
+    """Re-derive the CPU lm_head kernel from the (just reloaded) tied input embedding.
+
+    Runs inside the vLLM worker via ``collective_rpc``. On CPU, ``lm_head`` keeps a packed
+    (oneDNN/sgl) copy of its weight made at load time; with tied embeddings the checkpoint has no
+    ``lm_head.weight``, so ``reload_weights`` updates the shared embedding but leaves that packed
+    copy stale: the model would read new embeddings and score with old ones.
+    """
+    w = getattr(worker, "worker", worker)
+    model = w.model_runner.get_model()
+    lm_head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if lm_head is None or embed is None or getattr(lm_head, "weight", None) is not getattr(embed, "weight", 0):
+        return False
+    lm_head.quant_method.process_weights_after_loading(lm_head)
+    return True
+
+
+class VLLMEngine:
+    """One `vllm.LLM` serving token-id prompts, with in-place weight reloads.
+
+    Weight updates go through vLLM's ``reload_weights`` (the worker's checkpoint-format loader),
+    because on CPU the model's parameters are repacked into kernel layouts and
+    ``model.load_weights`` into them directly fails. vLLM reloads layer by layer: each call to
+    `update_weights` must contain every tensor of a vLLM (fused) module it touches, e.g. all of
+    q/k/v_proj of one attention block; `EngineClient` buckets per decoder layer for that reason.
+    """
+
+    RPC_METHODS = frozenset({"generate", "update_weights", "sleep", "wake", "health", "shutdown"})
+
+    def __init__(self, model_path: str, cfg: EngineConfig, seed: int) -> None:
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.model_path = model_path
+        self.cfg = cfg
+        self.device = str(current_platform.device_type)
+        self.sleep_supported = bool(current_platform.is_sleep_mode_available())
+        kwargs: dict[str, Any] = dict(
+            model=model_path,
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            enforce_eager=cfg.enforce_eager,
+            seed=seed,
+        )
+        if current_platform.is_cpu():
+            # Explicit bytes (fractional GiB allowed); VLLM_CPU_KVCACHE_SPACE would override it.
+            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GIB)
+        else:
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if self.sleep_supported:
+            kwargs["enable_sleep_mode"] = True
+        t0 = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.eos_token_id: int | None = self.llm.get_tokenizer().eos_token_id
+        self.startup_s = time.perf_counter() - t0
+        self.sleeping = False
+        self.weight_updates = 0
+        self.last_update_s = 0.0
+        log.info("vLLM engine for %s ready on %s in %.1fs", model_path, self.device, self.startup_s)
+
+    def _sampling_params(self, sampling: SamplingSpec, seed: int | None) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            stop_token_ids=list(sampling.stop_token_ids),
+            logprobs=0 if sampling.logprobs else None,  # 0 = only the sampled token's logprob
+            seed=seed,
+            detokenize=False,  # the trainer works on token ids; text would only cost time
+        )
+
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None
+    ) -> list[list[Completion]]:
+        """Sample ``sampling.n`` completions per prompt; eos/stop tokens stay in ``token_ids``."""
+        from vllm.inputs import TokensPrompt
+
+        if self.sleeping:
+            raise RuntimeError("engine is asleep; call wake() first")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        if not prompts:
+            return []
+        params: Any
+        if seeds is None:
+            params = self._sampling_params(sampling, None)
+        else:
+            # vLLM gives child j of a seeded request the seed `seed + j`, so n samples differ.
+            params = [self._sampling_params(sampling, int(s)) for s in seeds]
+        outs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
+        return [[self._completion(o, sampling.logprobs) for o in out.outputs] for out in outs]
+
+    @staticmethod
+    def _completion(o: Any, want_logprobs: bool) -> Completion:
+        token_ids = [int(t) for t in o.token_ids]
+        logprobs: list[float] = []
+        if want_logprobs:
+            logprobs = [float(pos[tok].logprob) for tok, pos in zip(token_ids, o.logprobs)]
+            if len(logprobs) != len(token_ids):
+                raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+        return Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=str(o.finish_reason))
+
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy new weights (HF names, whole fused modules per call) into the running model."""
+        if self.sleeping:
+            raise RuntimeError("engine is asleep; call wake() first")
+        if not named_tensors:
+            return
+        t0 = time.perf_counter()
+        with _quiet_partial_reload():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_tensors)})
+        if self.device == "cpu" and any("embed_tokens" in name for name, _ in named_tensors):
+            self.llm.collective_rpc(_refresh_tied_lm_head)
+        # Cached KV blocks were computed with the old weights; without this, prompts sharing a
+        # cached prefix would be continued from stale keys/values.
+        self.llm.reset_prefix_cache()
+        self.weight_updates += 1
+        self.last_update_s = time.perf_counter() - t0
+
+    def sleep(self) -> dict[str, Any]:
+        """Offload weights and drop the KV cache (level 1) where vLLM supports sleep mode."""
+        if not self.sleep_supported:
+            return {"supported": False, "device": self.device, "freed_bytes": 0}
+        if self.sleeping:
+            return {"supported": True, "already": True, "freed_bytes": 0}
+        before = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+        self.llm.sleep(level=1)
+        self.sleeping = True
+        after = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+        return {"supported": True, "level": 1, "freed_bytes": int(after - before)}
+
+    def wake(self) -> dict[str, Any]:
+        if not self.sleep_supported:
+            return {"supported": False, "device": self.device}
+        if not self.sleeping:
+            return {"supported": True, "already": True}
+        self.llm.wake_up()
+        self.llm.reset_prefix_cache()
+        self.sleeping = False
+        return {"supported": True}
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "backend": "vllm",
+            "model_path": self.model_path,
+            "device": self.device,
+            "pid": os.getpid(),
+            "sleeping": self.sleeping,
+            "sleep_supported": self.sleep_supported,
+            "eos_token_id": self.eos_token_id,
+            "weight_updates": self.weight_updates,
+            "last_update_s": self.last_update_s,
+            "startup_s": self.startup_s,
+        }
+
+    def shutdown(self) -> None:
+        """Drop the LLM; the process exits right after, which frees everything else."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            del llm

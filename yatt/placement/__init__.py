@@ -1,0 +1,1 @@
+"""Device ownership: which role (rollout, genrm, train, ...) owns each device at each moment."""

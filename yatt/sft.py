@@ -1,0 +1,211 @@
+"""Supervised fine-tuning (SFT) of a tiny model built by yatt, stopped on a held-out accuracy threshold.
+
+The quickstart uses it to make a *partly* good starting policy for RL: a fresh tiny Qwen2 is trained
+on prompt+answer rows (loss on the answer and end-of-sequence tokens only) and training stops at the
+first evaluation whose greedy exact-match accuracy reaches `stop_at_accuracy`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from yatt.config_loading import dump_config
+from yatt.data.addition import read_jsonl
+from yatt.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+
+
+class SFTConfig(BaseModel):
+    """Everything one SFT run needs; loaded from YAML with `yatt.config_loading.load_config`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape and alphabet of the fresh tiny model.")
+    sft_file: Path = Field(description="JSONL rows (prompt, answer) to train on.")
+    eval_file: Path = Field(description="Held-out JSONL rows for the greedy exact-match accuracy.")
+    output_dir: Path = Field(description="Hugging Face model folder to write (replaced atomically).")
+    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate (constant after warm-up).")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
+    grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this value (None: no clipping).")
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear learning-rate warm-up from 0.")
+    batch_size: int = Field(64, gt=0, description="Rows per optimizer step.")
+    max_steps: int = Field(2000, gt=0, description="Stop after this many steps even if the accuracy is not reached.")
+    eval_every: int = Field(25, gt=0, description="Steps between evaluations while accuracy is below `eval_often_above`.")
+    eval_often_every: int = Field(10, gt=0, description="Steps between evaluations once accuracy is at least `eval_often_above`.")
+    eval_often_above: float = Field(0.05, ge=0, le=1, description="Accuracy from which evaluations come every `eval_often_every` steps.")
+    eval_examples: int = Field(200, gt=0, description="First rows of eval_file used by the stop check.")
+    stop_at_accuracy: float = Field(0.45, gt=0, le=1, description="Stop at the first evaluation with at least this accuracy.")
+    final_eval_examples: int | None = Field(None, gt=0, description="Rows of eval_file for the final accuracy in the summary (None: all).")
+    max_new_tokens: int = Field(8, gt=0, description="Longest greedy response at evaluation, end-of-sequence included.")
+    seed: int = Field(0, description="Seed of the model initialisation and of the data order.")
+
+
+def exact_match(response: str, answer: str) -> bool:
+    """The exact-match checker: the response text (already cut at end-of-sequence), stripped, equals the answer."""
+    return response.strip() == answer.strip()
+
+
+def encode_rows(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids of prompt+answer+eos, and labels that are -100 except on answer+eos."""
+    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
+    answers = tokenizer([r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
+    seqs = [p + a + [tokenizer.eos_token_id] for p, a in zip(prompts, answers)]
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    for i, (p, s) in enumerate(zip(prompts, seqs)):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, len(p) : len(s)] = torch.tensor(s[len(p) :])
+    return ids, labels
+
+
+@torch.inference_mode()
+def greedy_decode(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int) -> torch.Tensor:
+    """Batched greedy decoding with a KV cache for prompts of equal length (no padding needed)."""
+    out = model(input_ids=prompt_ids, use_cache=True)
+    cache, generated = out.past_key_values, []
+    done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
+    for _ in range(max_new_tokens):
+        token = out.logits[:, -1].argmax(-1)
+        generated.append(token)
+        done |= token == eos_id
+        if done.all():
+            break
+        out = model(input_ids=token[:, None], past_key_values=cache, use_cache=True)
+        cache = out.past_key_values
+    return torch.stack(generated, dim=1)
+
+
+def cut_at_eos(tokens: list[int], eos_id: int) -> list[int]:
+    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+
+
+def evaluate(model, tokenizer, rows: list[dict], max_new_tokens: int, batch_size: int = 500) -> float:
+    """Greedy exact-match accuracy on `rows`; rows are grouped by prompt length so no padding is needed."""
+    was_training = model.training
+    model.eval()
+    by_length: dict[int, list[tuple[list[int], str]]] = {}
+    for row in rows:
+        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        by_length.setdefault(len(ids), []).append((ids, row["answer"]))
+    correct = 0
+    for group in by_length.values():
+        for start in range(0, len(group), batch_size):
+            chunk = group[start : start + batch_size]
+            prompt_ids = torch.tensor([ids for ids, _ in chunk])
+            responses = greedy_decode(model, prompt_ids, max_new_tokens, tokenizer.eos_token_id).tolist()
+            for resp, (_, answer) in zip(responses, chunk):
+                text = tokenizer.decode(cut_at_eos(resp, tokenizer.eos_token_id))
+                correct += exact_match(text, answer)
+    model.train(was_training)
+    return correct / max(len(rows), 1)
+
+
+def sft_loss(model, ids: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=(ids != pad_id).long()).logits
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def write_folder_atomically(output_dir: Path, write) -> None:
+    """Call `write(tmp)` on a fresh sibling folder, then swap it into `output_dir` (replacing an old one)."""
+    output_dir = Path(output_dir)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output_dir.with_name(f"{output_dir.name}.tmp-{os.getpid()}")
+    old = output_dir.with_name(f"{output_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        if output_dir.exists():
+            os.replace(output_dir, old)  # a non-empty folder cannot be replaced in one step
+        os.replace(tmp, output_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def run_sft(cfg: SFTConfig, log=print) -> dict:
+    """Train, evaluate, stop on the accuracy threshold, write the HF folder; returns the summary."""
+    start = time.perf_counter()
+    tokenizer = build_char_tokenizer(cfg.model.alphabet)
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    model = build_tiny_model(cfg.model, len(tokenizer), eos_id, pad_id, cfg.seed)
+    params = sum(p.numel() for p in model.parameters())
+
+    train_rows = read_jsonl(cfg.sft_file)
+    eval_rows = read_jsonl(cfg.eval_file)
+    stop_rows = eval_rows[: cfg.eval_examples]
+    ids, labels = encode_rows(train_rows, tokenizer)
+    log(f"sft: {params:,} params, {len(train_rows)} training rows, {len(stop_rows)} eval rows for the stop check")
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
+    warmup = max(cfg.warmup_steps, 1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    order, cursor = torch.randperm(len(ids), generator=gen), 0
+
+    model.train()
+    history, window, accuracy, step, next_eval = [], [], 0.0, 0, cfg.eval_every
+    stopped_by = "max_steps"
+    while step < cfg.max_steps:
+        if cursor + cfg.batch_size > len(order):  # new epoch
+            order, cursor = torch.randperm(len(ids), generator=gen), 0
+        batch = order[cursor : cursor + cfg.batch_size]
+        cursor += cfg.batch_size
+        width = int((labels[batch] != -100).nonzero()[:, 1].max()) + 1  # drop all-padding columns
+        loss = sft_loss(model, ids[batch, :width], labels[batch, :width], pad_id)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        window.append(loss.item())
+
+        if step == next_eval or step == cfg.max_steps:
+            accuracy = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens)
+            elapsed = time.perf_counter() - start
+            mean_loss = sum(window) / len(window)
+            history.append({"step": step, "loss": round(mean_loss, 5), "accuracy": accuracy, "seconds": round(elapsed, 2)})
+            log(f"step {step:5d}  loss {mean_loss:.4f}  accuracy {accuracy:.3f}  {elapsed:6.1f}s")
+            window = []
+            if accuracy >= cfg.stop_at_accuracy:
+                stopped_by = "accuracy"
+                break
+            next_eval = step + (cfg.eval_often_every if accuracy >= cfg.eval_often_above else cfg.eval_every)
+
+    train_seconds = time.perf_counter() - start
+    final_rows = eval_rows[: cfg.final_eval_examples] if cfg.final_eval_examples else eval_rows
+    final_accuracy = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens)
+    summary = {
+        "steps": step,
+        "stopped_by": stopped_by,
+        "accuracy": accuracy,
+        "accuracy_examples": len(stop_rows),
+        "final_accuracy": final_accuracy,
+        "final_accuracy_examples": len(final_rows),
+        "seconds": round(train_seconds, 2),
+        "params": params,
+        "seed": cfg.seed,
+        "history": history,
+    }
+    log(f"sft: stopped by {stopped_by} at step {step} after {train_seconds:.1f}s; "
+        f"accuracy {final_accuracy:.3f} on {len(final_rows)} held-out rows")
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        dump_config(cfg, folder / "sft_config.yaml")
+        (folder / "sft_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    write_folder_atomically(cfg.output_dir, write)
+    log(f"sft: wrote {cfg.output_dir}")
+    return summary

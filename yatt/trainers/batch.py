@@ -1,0 +1,61 @@
+"""Token batches: prompt+response sequences, right-padded, with per-token tensors aligned to targets.
+
+Per-token tensors have shape [B, L-1]: column t belongs to target token input_ids[:, t+1], predicted
+from the logits at position t. `mask` is 1 where that target is a response token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class TokenBatch:
+    input_ids: Tensor                      # [B, L] long
+    attention_mask: Tensor                 # [B, L] long
+    mask: Tensor                           # [B, L-1] float: response targets
+    extras: dict[str, Tensor] = field(default_factory=dict)  # [B] or [B, L-1] tensors riding along
+
+    @classmethod
+    def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> "TokenBatch":
+        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+        width = max(lengths)
+        ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(prompts), width), dtype=torch.long)
+        mask = torch.zeros((len(prompts), width - 1), dtype=torch.float32)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            ids[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
+            attn[i, : len(p) + len(r)] = 1
+            mask[i, len(p) - 1 : len(p) - 1 + len(r)] = 1.0
+        return cls(ids, attn, mask)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def per_token(self, values: list[list[float]]) -> Tensor:
+        """Lay response-aligned lists (e.g. rollout logprobs) into a [B, L-1] tensor under the mask."""
+        out = torch.zeros_like(self.mask)
+        for i, row in enumerate(values):
+            cols = self.mask[i].nonzero().flatten()
+            if len(row) != len(cols):
+                raise ValueError(f"row {i}: {len(row)} values for {len(cols)} response tokens")
+            out[i, cols] = torch.tensor(row, dtype=out.dtype)
+        return out
+
+    def select(self, rows: Tensor | list[int]) -> "TokenBatch":
+        """A sub-batch of `rows`, trimmed to its own longest sequence (less padding to compute)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        width = int(self.attention_mask[rows].sum(dim=1).max())
+        extras = {k: (v[rows, : width - 1] if v.dim() == 2 else v[rows]) for k, v in self.extras.items()}
+        return TokenBatch(self.input_ids[rows, :width], self.attention_mask[rows, :width],
+                          self.mask[rows, : width - 1], extras)
+
+    def split(self, size: int) -> list["TokenBatch"]:
+        return [self.select(list(range(s, min(s + size, len(self))))) for s in range(0, len(self), size)]
+
+    def to(self, device: torch.device) -> "TokenBatch":
+        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device),
+                          {k: v.to(device) for k, v in self.extras.items()})

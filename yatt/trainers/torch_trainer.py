@@ -1,0 +1,140 @@
+"""The `torch` training backend: a Hugging Face causal LM, DDP across ranks, AdamW, micro-batches.
+
+It knows nothing about RL: callers hand it a loss function (logits, micro-batch) -> (loss, stats),
+so the policy objective, a critic's value loss or an SFT loss all run through the same update.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from transformers import AutoModelForCausalLM
+
+from yatt.algorithms import entropy_from_logits, token_logprobs
+from yatt.config import TrainerConfig
+from yatt.distributed import World
+from yatt.trainers.batch import TokenBatch
+
+LossFn = Callable[[Tensor, TokenBatch], tuple[Tensor, dict[str, float]]]
+
+
+def load_causal_lm(path: str | Path, device: torch.device) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return model.to(device)
+
+
+class TorchTrainer:
+    """Owns one model (trainable with an optimizer, or frozen as a reference) on this rank's device."""
+
+    def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True):
+        self.cfg, self.world, self.trainable = cfg, world, trainable
+        self.model = load_causal_lm(model_path, world.device)
+        self.optimizer = self.scheduler = None
+        self.optimizer_steps = 0
+        if not trainable:
+            self.model.eval().requires_grad_(False)
+            self.engine_model = self.model
+            return
+        self.model.train()
+        self.engine_model = self.model  # the unwrapped module, whose names are the HF names
+        if world.size > 1:
+            self.model = DistributedDataParallel(self.model)
+        self.optimizer = torch.optim.AdamW(self.engine_model.parameters(), lr=cfg.lr, betas=cfg.betas,
+                                           weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+
+    def _logits(self, mb: TokenBatch) -> Tensor:
+        out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        return out.logits[:, :-1].float()
+
+    @torch.no_grad()
+    def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask)."""
+        logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
+        start = 0
+        model = self.engine_model  # no DDP hooks for a forward without backward
+        for mb in batch.split(self.cfg.micro_batch_size):
+            mb = mb.to(self.world.device)
+            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+            logits = out.logits[:, :-1].float()
+            rows, width = slice(start, start + len(mb)), logits.shape[1]
+            logps[rows, :width] = (token_logprobs(logits, mb.input_ids[:, 1:]) * mb.mask).cpu()
+            if with_entropy:
+                ents[rows, :width] = (entropy_from_logits(logits) * mb.mask).cpu()
+            start += len(mb)
+        return logps, ents
+
+    def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over `batch`, accumulating gradients over micro-batches.
+
+        loss_fn must already be normalised by the global (all micro-batches, all ranks) denominators:
+        micro-batch losses are summed, and DDP averages gradients over ranks.
+        """
+        assert self.trainable, "a frozen model cannot be trained"
+        micro = batch.split(self.cfg.micro_batch_size)
+        sums: dict[str, float] = {}
+        for i, mb in enumerate(micro):
+            mb = mb.to(self.world.device)
+            last = i == len(micro) - 1
+            sync = nullcontext() if (last or self.world.size == 1) else self.model.no_sync()
+            with sync:
+                loss, stats = loss_fn(self._logits(mb), mb)
+                loss.backward()
+            for k, v in stats.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.engine_model.parameters(), self.cfg.grad_clip))
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        self.optimizer_steps += 1
+        return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
+                "skipped_step": float(not math.isfinite(grad_norm))}
+
+    def _state_tensors(self) -> list[Tensor]:
+        tensors = [p.data for p in self.engine_model.parameters()]
+        if self.optimizer is not None:
+            tensors += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+        return tensors
+
+    def offload(self) -> dict:
+        """Hand the device to another role: weights and optimizer state move to host memory.
+
+        On CPU they already live there; the report says what a GPU would have freed.
+        """
+        nbytes = sum(t.numel() * t.element_size() for t in self._state_tensors())
+        if self.world.device.type == "cpu":
+            return {"moved_bytes": 0, "resident_bytes": nbytes}
+        self._move_state(torch.device("cpu"))
+        torch.cuda.empty_cache()
+        return {"moved_bytes": nbytes}
+
+    def onload(self) -> dict:
+        if self.world.device.type == "cpu":
+            return {"moved_bytes": 0}
+        self._move_state(self.world.device)
+        return {"moved_bytes": sum(t.numel() * t.element_size() for t in self._state_tensors())}
+
+    def _move_state(self, device: torch.device) -> None:
+        self.engine_model.to(device)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for k, v in state.items():
+                    if torch.is_tensor(v) and k != "step":
+                        state[k] = v.to(device, non_blocking=True)
+
+    def named_weights(self) -> list[tuple[str, Tensor]]:
+        """Parameters under their Hugging Face names, detached, for the rollout engines."""
+        return [(name, p.detach()) for name, p in self.engine_model.named_parameters()]
+
+    def save_hf(self, folder: str | Path, tokenizer) -> None:
+        self.engine_model.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
