@@ -35,7 +35,7 @@ class SFTConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
     grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this value (None: no clipping).")
-    warmup_steps: int = Field(0, ge=0, description="Steps of linear learning-rate warm-up from 0.")
+    warmup_steps: int = Field(100, ge=0, description="Steps of linear learning-rate warm-up from 0.")
     batch_size: int = Field(64, gt=0, description="Rows per optimizer step.")
     max_steps: int = Field(2000, gt=0, description="Stop after this many steps even if the accuracy is not reached.")
     eval_every: int = Field(25, gt=0, description="Steps between evaluations while accuracy is below `eval_often_above`.")
