@@ -137,14 +137,25 @@ class ControllerShard:
         kl_ref = float(masked_sum(kl_estimate(batch.extras["old_logprobs"], ref_lp, self.cfg.algorithm.kl_estimator),
                                   mask)) if ref_lp is not None else 0.0
         lengths = mask.sum(dim=1)
-        names = ["reward", "correct", "samples", "resp_tokens", "truncated", "entropy", "lp_diff", "kl_ref",
-                 "zero_var_groups", "groups", "tokens", "clip", "dual_clip", "policy_loss", "approx_kl"]
-        local = [float(rewards.sum()), float((rewards >= 1.0).sum()), float(len(rollouts)), float(lengths.sum()),
-                 float(sum(r.finish_reason == "length" for r in rollouts)), float(masked_sum(entropy, mask)),
-                 float(lp_diff.sum()), kl_ref, float((groups.std(dim=1) == 0).sum()), float(groups.shape[0]),
-                 update["tokens"], update["clip_frac_sum"], update["dual_clip_frac_sum"], update["policy_loss_sum"],
-                 update["approx_kl_sum"]]
-        s = dict(zip(names, self.world.sum(local)))
+        local = {  # sums over this rank's samples; summed again over ranks below
+            "reward": float(rewards.sum()),
+            "correct": float((rewards >= 1.0).sum()),
+            "samples": float(len(rollouts)),
+            "resp_tokens": float(lengths.sum()),
+            "truncated": float(sum(r.finish_reason == "length" for r in rollouts)),
+            "entropy": float(masked_sum(entropy, mask)),
+            "lp_diff": float(lp_diff.sum()),
+            "kl_ref": kl_ref,
+            "zero_var_groups": float((groups.std(dim=1) == 0).sum()),
+            "solved_groups": float((groups.max(dim=1).values >= 1.0).sum()),
+            "groups": float(groups.shape[0]),
+            "tokens": update["tokens"],
+            "clip": update["clip_frac_sum"],
+            "dual_clip": update["dual_clip_frac_sum"],
+            "policy_loss": update["policy_loss_sum"],
+            "approx_kl": update["approx_kl_sum"],
+        }
+        s = dict(zip(local, self.world.sum(list(local.values()))))
         stage_names = sorted(timer.seconds)
         maxes = self.world.max([float(lengths.max()), float(lp_diff.max())] + [timer.seconds[k] for k in stage_names])
         steps = update["optimizer_steps"]
@@ -152,6 +163,7 @@ class ControllerShard:
             "reward/mean": s["reward"] / s["samples"],
             "reward/correct_frac": s["correct"] / s["samples"],
             "reward/zero_variance_group_frac": s["zero_var_groups"] / s["groups"],
+            "reward/pass_at_group": s["solved_groups"] / s["groups"],  # groups with >= 1 fully correct sample
             "response/length_mean": s["resp_tokens"] / s["samples"],
             "response/length_max": maxes[0],
             "response/truncated_frac": s["truncated"] / s["samples"],
