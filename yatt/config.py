@@ -101,6 +101,8 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up, in optimizer steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="Learning rate after warm-up.")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: final lr as a fraction of lr.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
 

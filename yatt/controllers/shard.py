@@ -55,7 +55,8 @@ class ControllerShard:
                           if cfg.data.eval is not None else [])
         self.eval_prompt_ids = encode_prompts(self.eval_rows, self.tokenizer, cfg.data.max_prompt_tokens)
         torch.manual_seed(cfg.run.seed)
-        self.trainer = TorchTrainer(cfg.model.path, cfg.trainer, world)
+        optimizer_steps = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
+        self.trainer = TorchTrainer(cfg.model.path, cfg.trainer, world, total_steps=optimizer_steps)
         self.ref = TorchTrainer(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
         self.engine = spawn_engine(str(cfg.model.path), cfg.rollout.engine, seed=cfg.run.seed + world.rank,
                                    log_path=run_dir / "logs" / f"engine-rank{world.rank}.log")

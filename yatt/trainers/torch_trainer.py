@@ -24,6 +24,16 @@ from yatt.trainers.batch import TokenBatch
 LossFn = Callable[[Tensor, TokenBatch], tuple[Tensor, dict[str, float]]]
 
 
+def lr_factor(step: int, cfg: TrainerConfig, total_steps: int) -> float:
+    """Multiplier of cfg.lr at optimizer step `step` (0-based): linear warm-up, then constant or cosine."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def load_causal_lm(path: str | Path, device: torch.device) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
     return model.to(device)
@@ -32,7 +42,8 @@ def load_causal_lm(path: str | Path, device: torch.device) -> torch.nn.Module:
 class TorchTrainer:
     """Owns one model (trainable with an optimizer, or frozen as a reference) on this rank's device."""
 
-    def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True):
+    def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
+                 total_steps: int = 1):
         self.cfg, self.world, self.trainable = cfg, world, trainable
         self.model = load_causal_lm(model_path, world.device)
         self.optimizer = self.scheduler = None
@@ -47,9 +58,8 @@ class TorchTrainer:
             self.model = DistributedDataParallel(self.model)
         self.optimizer = torch.optim.AdamW(self.engine_model.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
-        warmup = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+            self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
 
     def _logits(self, mb: TokenBatch) -> Tensor:
         out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
