@@ -95,3 +95,23 @@ def test_summary_and_exported_policy(run):
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "policy")
     ids = tokenizer("3+4=", return_tensors="pt").input_ids
     assert torch.isfinite(policy(ids).logits).all()
+
+
+def test_vllm_serves_the_exported_policy(run, tmp_path):
+    from yatt.engines.base import SamplingSpec
+    from yatt.engines.client import spawn_engine
+    from yatt.engines.config import EngineConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _, run_dir, _ = run
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "policy")
+    prompt = tokenizer("3+4=", add_special_tokens=False).input_ids
+    policy = AutoModelForCausalLM.from_pretrained(run_dir / "policy")
+    with torch.no_grad():
+        expected = torch.log_softmax(policy(torch.tensor([prompt])).logits[0, -1], -1)
+    with spawn_engine(run_dir / "policy", EngineConfig(max_model_len=16, kv_cache_gib=0.25), seed=0,
+                      log_path=tmp_path / "engine.log") as engine:
+        [[completion]] = engine.generate([prompt], SamplingSpec(n=1, temperature=0.0, max_tokens=1))
+    token = completion.token_ids[0]
+    assert token == int(expected.argmax())
+    assert abs(completion.logprobs[0] - float(expected[token])) < 1e-4
