@@ -8,7 +8,9 @@ Ranks exchange only DDP gradients and small metadata (counts, sums, timings) thr
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from transformers import AutoTokenizer
@@ -28,20 +30,18 @@ from yatt.trainers.torch_trainer import TorchTrainer
 
 
 class StageTimer:
+    """Seconds per named stage of one step: `with timer("generate"): ...`."""
+
     def __init__(self):
         self.seconds: dict[str, float] = {}
 
-    def __call__(self, name: str):
-        timer = self
-
-        class _Span:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timer.seconds[name] = timer.seconds.get(name, 0.0) + time.perf_counter() - self.start
-
-        return _Span()
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 class ControllerShard:
