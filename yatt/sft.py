@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from yatt.config_loading import dump_config
 from yatt.data.addition import read_jsonl
 from yatt.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from yatt.rewards.rules import answers_match as exact_match  # the RL verifier's rule
 
 
 class SFTConfig(BaseModel):
@@ -46,11 +47,6 @@ class SFTConfig(BaseModel):
     final_eval_examples: int | None = Field(None, gt=0, description="Rows of eval_file for the final accuracy in the summary (None: all).")
     max_new_tokens: int = Field(8, gt=0, description="Longest greedy response at evaluation, end-of-sequence included.")
     seed: int = Field(0, description="Seed of the model initialisation and of the data order.")
-
-
-def exact_match(response: str, answer: str) -> bool:
-    """The exact-match checker: the response text (already cut at end-of-sequence), stripped, equals the answer."""
-    return response.strip() == answer.strip()
 
 
 def encode_rows(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,12 +17,11 @@ from yatt.distributed import World
 def run_experiment(cfg: ExperimentConfig, world: World) -> dict:
     torch.set_num_threads(cfg.run.threads)
     run_dir = cfg.run.run_dir
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if world.is_main:
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
     world.barrier()
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
 
     wall_start = time.perf_counter()
     shard = ControllerShard(cfg, world, run_dir)

@@ -12,9 +12,14 @@ from yatt.data.rows import PromptRow
 Verifier = Callable[[str, PromptRow], float]
 
 
+def answers_match(response: str, answer: str) -> bool:
+    """The exact-match rule on text: the stripped response equals the stripped answer."""
+    return response.strip() == answer.strip()
+
+
 def exact_match(response: str, row: PromptRow) -> float:
     """1 if the stripped response equals the reference answer."""
-    return float(row.answer is not None and response.strip() == row.answer.strip())
+    return float(row.answer is not None and answers_match(response, row.answer))
 
 
 def last_number(response: str, row: PromptRow) -> float:
