@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from yatt.config_loading import ConfigError, load_config
 from yatt.engines.config import EngineConfig
+from yatt.genrm.config import JudgeConfig
 
 
 class Section(BaseModel):
@@ -77,7 +78,20 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    kind: Literal["rule"] = Field("rule", description="rule: verifier chosen by each row's data_source.")
+    kind: Literal["rule", "genrm", "genrm_with_rule"] = Field(
+        "rule", description="rule: the verifier chosen by each row's data_source; genrm: the judges' weighted "
+        "mean; genrm_with_rule: the weighted mean of the rule score (rule_weight) and the judges.")
+    rule_weight: float = Field(1.0, ge=0.0, description="Weight of the rule score in genrm_with_rule.")
+    judges: list[JudgeConfig] = Field(default_factory=list, description="Generative reward models (GenRM).")
+
+    @model_validator(mode="after")
+    def _judges_match_kind(self) -> "RewardConfig":
+        if self.kind != "rule" and not self.judges:
+            raise ValueError(f"reward.kind={self.kind} needs at least one entry in reward.judges")
+        names = [j.name for j in self.judges]
+        if len(set(names)) != len(names):
+            raise ValueError(f"judge names must be unique, got {names}")
+        return self
 
 
 class AlgorithmConfig(Section):
@@ -108,7 +122,15 @@ class TrainerConfig(Section):
 
 
 class PlacementConfig(Section):
-    mode: Literal["full", "partial"] = Field("full", description="full: serial stages on every device.")
+    mode: Literal["full", "partial"] = Field(
+        "full", description="full: every device serves rollout, then GenRM, then training. partial: during "
+        "generation some devices serve rollout while the others serve GenRM at the same time; then all train.")
+    rollout_devices: int | None = Field(None, gt=0, description="partial: rollout devices at the start "
+                                        "(None: half of them, rounded up).")
+    min_rollout_devices: int = Field(1, gt=0, description="partial: lower bound of the rollout split.")
+    min_genrm_devices: int = Field(1, gt=0, description="partial: lower bound of the GenRM split.")
+    dynamic: bool = Field(True, description="partial: re-choose the split between steps from measured load.")
+    load_smoothing: float = Field(0.5, ge=0.0, lt=1.0, description="partial: EMA factor of the measured load.")
 
 
 class RunConfig(Section):
@@ -137,9 +159,9 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "ExperimentConfig":
-        if self.placement.mode == "partial":
+        if self.placement.mode == "partial" and not self.reward.judges:
             raise ValueError("placement.mode=partial splits devices between rollout and a generative reward "
-                             "model, but reward.kind=rule has no GenRM engines; use placement.mode=full")
+                             "model, but reward.judges is empty; use placement.mode=full or add a judge")
         if self.algorithm.advantage == "grpo" and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 for GRPO (advantages are relative to the group)")
         if self.data.prompts_per_step % self.algorithm.mini_batches:
@@ -161,6 +183,11 @@ class ExperimentConfig(Section):
 
 def check_world(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     """Rules that depend on how many ranks were launched."""
+    p = cfg.placement
+    if p.mode == "partial" and world_size < p.min_rollout_devices + p.min_genrm_devices:
+        raise ConfigError(f"{source}: placement.mode=partial needs at least "
+                          f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
+                          f"min_genrm_devices), but {world_size} were launched")
     per_rank, rest = divmod(cfg.data.prompts_per_step, world_size)
     if rest or per_rank % cfg.algorithm.mini_batches:
         raise ConfigError(f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "

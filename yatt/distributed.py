@@ -45,6 +45,30 @@ class World:
         if self.size > 1:
             dist.barrier()
 
+    def publish(self, key: str, value: str) -> None:
+        """Put a small string in torchrun's key-value store (e.g. a service endpoint) for all ranks."""
+        if self.size > 1:
+            _store().set(f"yatt/{key}", value)
+        else:
+            _LOCAL_STORE[key] = value
+
+    def lookup(self, key: str) -> str:
+        """The value published under `key`, waiting for it if need be."""
+        if self.size > 1:
+            return _store().get(f"yatt/{key}").decode()
+        return _LOCAL_STORE[key]
+
+
+_LOCAL_STORE: dict[str, str] = {}
+
+
+def _store():
+    # The default group's store is the one torchrun set up (MASTER_ADDR:MASTER_PORT), reachable by all ranks
+    # on all nodes; using it means endpoints need no configuration.
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
 
 def env_rank() -> int:
     """This process's rank as torchrun announces it (0 when run without torchrun)."""

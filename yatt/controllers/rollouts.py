@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from yatt.data.jsonl import DataError
 from yatt.data.rows import PromptRow
@@ -20,6 +20,8 @@ class Rollout:
     finish_reason: str
     text: str = ""
     reward: float = 0.0
+    rule_score: float = 0.0
+    judge_scores: dict[str, float] = field(default_factory=dict)
 
 
 def sample_seed(run_seed: int, step: int, row_index: int) -> int:

@@ -18,13 +18,16 @@ from transformers import AutoTokenizer
 from yatt.algorithms import get_advantage_estimator, kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.config import ExperimentConfig
 from yatt.controllers.objective import policy_objective
+from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
 from yatt.controllers.rollouts import Rollout, encode_prompts, generate_rollouts, sample_seed, score_rollouts
 from yatt.data.sources import load_shard
 from yatt.data.stream import PromptStream
 from yatt.distributed import World
 from yatt.engines.base import SamplingSpec
-from yatt.engines.client import spawn_engine
+from yatt.genrm.judge import Judge
 from yatt.placement.ownership import DeviceOwnership, HookRole
+from yatt.placement.plan import GenerationSchedule
+from yatt.placement.services import ROLLOUT, EngineServices, judge_role
 from yatt.trainers.batch import TokenBatch
 from yatt.trainers.torch_trainer import TorchTrainer
 
@@ -58,11 +61,16 @@ class ControllerShard:
         optimizer_steps = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
         self.trainer = TorchTrainer(cfg.model.path, cfg.trainer, world, total_steps=optimizer_steps)
         self.ref = TorchTrainer(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
-        self.engine = spawn_engine(str(cfg.model.path), cfg.rollout.engine, seed=cfg.run.seed + world.rank,
-                                   log_path=run_dir / "logs" / f"engine-rank{world.rank}.log")
-        self.placement = DeviceOwnership({"rollout": HookRole(self.engine.sleep, self.engine.wake),
-                                          "train": HookRole(self.trainer.offload, self.trainer.onload)},
-                                         initial_owner="rollout")
+        self.services = EngineServices(cfg, world, run_dir)
+        self.services.policy_weights = self.trainer.named_weights
+        self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
+        self.schedule = GenerationSchedule(cfg.placement, world.size)
+        self.placement = DeviceOwnership({
+            "rollout": HookRole(lambda: self.services.rollout.sleep(), lambda: self.services.rollout.wake()),
+            "genrm": HookRole(lambda: [j.sleep() for j in self.services.judges()],
+                              lambda: [j.wake() for j in self.services.judges()]),
+            "train": HookRole(self.trainer.offload, self.trainer.onload),
+        }, initial_owner="rollout")
         eos = self.tokenizer.eos_token_id
         self.sampling = SamplingSpec(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
                                      top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_new_tokens,
@@ -75,12 +83,13 @@ class ControllerShard:
     def step(self, step: int) -> dict[str, float]:
         cfg, algo, timer = self.cfg, self.cfg.algorithm, StageTimer()
         rows = self.train_stream.next_batch(self.prompts_per_rank)
-        with timer("generate"), self.placement.own("rollout"):
-            prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
-            seeds = [sample_seed(cfg.run.seed, step, row.index) for row in rows]
-            rollouts = generate_rollouts(self.engine, rows, prompt_ids, self.sampling, self.tokenizer, seeds)
+        restarted = self.services.heal()
+        busy_before = self.services.busy_seconds()
+        with timer("generate"):
+            rollouts, gen = self._generate(step, rows)
         with timer("reward"):
-            score_rollouts(rollouts)
+            assign_rewards(rollouts, cfg.reward.kind, {j.name: j.weight for j in cfg.reward.judges},
+                           cfg.reward.rule_weight)
         with self.placement.own("train"):
             batch = self._token_batch(rollouts)
             with timer("logprobs"):
@@ -99,9 +108,33 @@ class ControllerShard:
             with timer("update"):
                 update = self._update(batch, step)
         with timer("sync"), self.placement.own("rollout"):
-            self.engine.update_weights(self.trainer.named_weights())
+            self.services.rollout.update_weights(self.trainer.named_weights())
         self.samples_trained += len(rollouts)
-        return self._step_metrics(rollouts, batch, entropy, ref_lp, update, timer)
+        metrics = self._step_metrics(rollouts, batch, entropy, ref_lp, update, timer)
+        metrics.update(self._placement_metrics(rollouts, gen, timer, busy_before, restarted))
+        return metrics
+
+    def _generate(self, step: int, rows) -> tuple[list[Rollout], GenerationStats]:
+        """Rollouts with rule and judge scores, on the devices the placement gives each role."""
+        cfg = self.cfg
+        prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
+        seeds = [sample_seed(cfg.run.seed, step, row.index) for row in rows]
+        common = dict(step=step, run_seed=cfg.run.seed)
+        if cfg.placement.mode == "full":  # this device: rollout, then GenRM
+            rank = [self.world.rank]
+            lanes = {name: JudgeLane(j, self.services.pool(judge_role(name), rank)) for name, j in self.judges.items()}
+            with self.placement.own("rollout"):
+                return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
+                                          self.services.pool(ROLLOUT, rank), lanes, stream=False,
+                                          before_judging=lambda: self.placement.acquire("genrm"), **common)
+        split = self.schedule.split
+        lanes = {name: JudgeLane(j, self.services.pool(judge_role(name), split.genrm))
+                 for name, j in self.judges.items()}
+        with self.placement.own(split.role_of(self.world.rank)):
+            result = generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
+                                        self.services.pool(ROLLOUT, split.rollout), lanes, stream=True, **common)
+            self.world.barrier()  # a GenRM device serves until every controller has its verdicts
+        return result
 
     def _token_batch(self, rollouts: list[Rollout]) -> TokenBatch:
         batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
@@ -185,6 +218,50 @@ class ControllerShard:
         metrics.update(self.placement.take_metrics())
         return metrics
 
+    def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer, busy_before: dict[str, float],
+                           restarted: int) -> dict[str, float]:
+        """Per-device time per role and idle fraction; judge throughput and queue; the next generation split."""
+        busy = {role: max(0.0, s - busy_before.get(role, 0.0)) for role, s in self.services.busy_seconds().items()}
+        rollout_busy = busy.pop(ROLLOUT, 0.0)
+        judge_busy = sum(busy.values())
+        train_busy = timer.seconds.get("logprobs", 0.0) + timer.seconds.get("update", 0.0)
+        step_s = sum(timer.seconds.values())
+        owned = self.placement.take_metrics()
+        roles, size, rank = ("rollout", "genrm", "train"), self.world.size, self.world.rank
+        per_device = [0.0] * (size * (len(roles) + 1))
+        for i, role in enumerate(roles):
+            per_device[rank * (len(roles) + 1) + i] = owned.get(f"placement/owned_{role}_s", 0.0)
+        per_device[rank * (len(roles) + 1) + len(roles)] = max(0.0, 1.0 - (rollout_busy + judge_busy + train_busy) / step_s)
+        agree = [sum((r.judge_scores[n] > j.cfg.verdict.pass_threshold) == (r.rule_score >= 1.0) for r in rollouts)
+                 for n, j in self.judges.items()]
+        local = [rollout_busy, judge_busy, float(gen.judged), float(gen.unparseable), float(len(rollouts)),
+                 *agree, *gen.pools.values()] + per_device
+        summed = self.world.sum(local)
+        maxes = self.world.max([float(gen.max_judge_queue), owned["placement/switch_s"], gen.judge_tail_s, gen.rollout_s])
+        rollout_work, judge_work, judged, unparseable, samples = summed[:5]
+        out = {"placement/rollout_devices": float(len(self.schedule.split.rollout)) if self.schedule.split else size,
+               "placement/genrm_devices": float(len(self.schedule.split.genrm)) if self.schedule.split else size,
+               "placement/switch_s": maxes[1], "placement/switches": owned["placement/switches"],
+               "placement/engine_restarts": float(restarted),
+               "time/rollout_phase_s": maxes[3], "time/judge_tail_s": maxes[2],
+               "load/rollout_busy_s": rollout_work, "load/genrm_busy_s": judge_work}
+        if self.judges:
+            repeats = sum(j.cfg.repeats for j in self.judges.values()) / len(self.judges)
+            out.update({"genrm/judged": judged, "genrm/judged_per_busy_s": judged / max(judge_work, 1e-9),
+                        "genrm/unparseable_frac": unparseable / max(judged * repeats, 1.0),
+                        "genrm/max_queue": maxes[0]})
+            out.update({f"genrm/{n}/agree_with_rule": a / samples for n, a in zip(self.judges, summed[5:5 + len(agree)])})
+            out.update(dict(zip(gen.pools, summed[5 + len(agree):5 + len(agree) + len(gen.pools)])))
+        idle = []
+        for r in range(size):
+            block = summed[len(summed) - len(per_device) + r * (len(roles) + 1):][:len(roles) + 1]
+            out.update({f"device{r}/owned_{role}_s": block[i] for i, role in enumerate(roles)})
+            out[f"device{r}/idle_frac"] = block[-1]
+            idle.append(block[-1])
+        out["placement/idle_frac_mean"] = sum(idle) / size
+        self.schedule.observe(rollout_work, judge_work)  # every rank sees the same sums, so all agree on the split
+        return out
+
     # ---- evaluation, export, shutdown ---------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Greedy accuracy on the held-out split (mean verifier score over all ranks' eval shards)."""
@@ -192,7 +269,7 @@ class ControllerShard:
             return {}
         start = time.perf_counter()
         with self.placement.own("rollout"):
-            rollouts = generate_rollouts(self.engine, self.eval_rows, self.eval_prompt_ids, self.greedy,
+            rollouts = generate_rollouts(self.services.rollout, self.eval_rows, self.eval_prompt_ids, self.greedy,
                                          self.tokenizer, None)
         score_rollouts(rollouts)
         total, count = self.world.sum([sum(r.reward for r in rollouts), float(len(rollouts))])
@@ -202,4 +279,4 @@ class ControllerShard:
         self.trainer.save_hf(folder, self.tokenizer)
 
     def close(self) -> None:
-        self.engine.close()
+        self.services.close()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,23 +102,31 @@ def weight_buckets(
 
 
 class EngineClient:
-    """The `Engine` interface over RPC to a child started by `spawn_engine`."""
+    """The `Engine` interface over RPC to an engine process.
 
-    def __init__(self, proc: subprocess.Popen, endpoint: str, secret: bytes, cfg: EngineConfig, log_path: Path) -> None:
+    `spawn_engine` returns one that owns its child process (and stops it on `close`); `connect_engine`
+    returns one for an engine another rank owns (close only drops the connection). Generation is
+    streamed: `submit` queues prompts under keys and `poll` returns the groups that finished;
+    `generate` is submit + poll until all are back.
+    """
+
+    def __init__(self, proc: subprocess.Popen | None, endpoint: str, secret: bytes, cfg: EngineConfig,
+                 log_path: Path | None) -> None:
         self.proc = proc
         self.endpoint = endpoint
         self.cfg = cfg
-        self.log_path = Path(log_path)
+        self.log_path = Path(log_path) if log_path else None
+        self.client_id = uuid.uuid4().hex[:12]
         self._closed = False
         self._rpc = RpcClient(endpoint, secret, cfg.request_timeout_s, liveness=self._check_alive)
         atexit.register(self.close)
 
     @property
-    def pid(self) -> int:
-        return self.proc.pid
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
 
     def _check_alive(self) -> None:
-        rc = self.proc.poll()
+        rc = self.proc.poll() if self.proc else None
         if rc is not None:
             raise EngineDied(
                 f"engine process {self.proc.pid} exited with code {rc}; last lines of {self.log_path}:\n"
@@ -130,20 +139,42 @@ class EngineClient:
         self._check_alive()
         try:
             return self._rpc.call(method, timeout_s=timeout_s, **kwargs)
-        except TimeoutError:
+        except TimeoutError as e:
             self._check_alive()  # prefer "it died" over "it was slow"
+            if self.proc is None:  # someone else's engine: silence past the timeout counts as death
+                raise EngineDied(f"engine at {self.endpoint} did not answer {method!r}: {e}") from e
             raise
+
+    def submit(self, keys: list[str], prompts: list[list[int]], sampling: SamplingSpec,
+               seeds: list[int] | None = None) -> int:
+        """Queue prompts; returns the engine's load (requests in flight) after queueing."""
+        out = self._call(
+            "submit", client=self.client_id, keys=[str(k) for k in keys],
+            prompts=[[int(t) for t in p] for p in prompts], sampling=sampling.to_dict(),
+            seeds=None if seeds is None else [int(s) for s in seeds],
+        )
+        return int(out["load"])
+
+    def poll(self, max_wait_s: float = 0.05) -> tuple[list[tuple[str, list[Completion]]], int, int]:
+        """(finished [(key, completions)], this client's pending count, engine load)."""
+        out = self._call("poll", client=self.client_id, max_wait_s=max_wait_s)
+        done = [(str(key), [Completion.from_dict(c) for c in comps]) for key, comps in out["done"]]
+        return done, int(out["pending"]), int(out["load"])
+
+    def cancel(self) -> None:
+        self._call("cancel", client=self.client_id)
 
     def generate(
         self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None
     ) -> list[list[Completion]]:
-        rows = self._call(
-            "generate",
-            prompts=[[int(t) for t in p] for p in prompts],
-            sampling=sampling.to_dict(),
-            seeds=None if seeds is None else [int(s) for s in seeds],
-        )
-        return [[Completion.from_dict(c) for c in row] for row in rows]
+        if not prompts:
+            return []
+        self.submit([str(i) for i in range(len(prompts))], prompts, sampling, seeds)
+        results: dict[int, list[Completion]] = {}
+        while len(results) < len(prompts):
+            done, _, _ = self.poll(max_wait_s=0.2)
+            results.update((int(key), comps) for key, comps in done)
+        return [results[i] for i in range(len(prompts))]
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Send weights in layer-aligned buckets of at most ``weight_bucket_mb`` MB.
@@ -177,6 +208,9 @@ class EngineClient:
             return
         self._closed = True
         atexit.unregister(self.close)
+        if self.proc is None:  # not ours to stop
+            self._rpc.close()
+            return
         try:
             if self.proc.poll() is None:
                 self._rpc.call("shutdown", timeout_s=timeout_s)
@@ -261,3 +295,8 @@ def spawn_engine(
     finally:
         shutil.rmtree(ready_dir, ignore_errors=True)
     return EngineClient(proc, endpoint, secret, cfg, log_path)
+
+
+def connect_engine(endpoint: str, secret: bytes, cfg: EngineConfig) -> EngineClient:
+    """A client for an engine started by another process (e.g. another rank's device)."""
+    return EngineClient(None, endpoint, secret, cfg, None)

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import sys
 import threading
 import time
-from typing import Any
+from concurrent.futures import Future
+from typing import Any, Callable
 
 import torch
 
@@ -28,18 +30,107 @@ log = logging.getLogger("yatt.engines.server")
 
 
 class EngineService:
-    """RPC adapter: plain dicts/lists on the wire, dataclasses on the engine side."""
+    """RPC adapter with a stepping thread: plain dicts/lists on the wire, dataclasses on the engine side.
 
-    RPC_METHODS = frozenset({"generate", "update_weights", "sleep", "wake", "health", "shutdown"})
+    Generation is streamed: `submit` queues prompts (from any number of clients), one thread steps
+    the engine whenever requests are pending, and each prompt's finished group waits in its client's
+    mailbox for `poll`. A caller thus gets groups as they finish instead of after the slowest one,
+    and several controllers can share one engine. Every vLLM call runs on the stepping thread
+    (vLLM is not thread-safe); the RPC thread hands it commands and waits for their results.
+    """
+
+    RPC_METHODS = frozenset({"submit", "poll", "cancel", "update_weights", "sleep", "wake", "health", "shutdown"})
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
+        self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+        self._wake = threading.Event()
+        self._done = threading.Condition()
+        self._mailbox: dict[str, list[list[Any]]] = {}  # client -> [[key, [completion dicts]], ...]
+        self._owner: dict[str, tuple[str, str]] = {}  # request id -> (client, key)
+        self._stop = threading.Event()
+        self.busy_s = 0.0  # seconds spent stepping: the load measure for placement
+        self.generated_tokens = 0
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self._thread.start()
 
-    def generate(
-        self, prompts: list[list[int]], sampling: dict[str, Any], seeds: list[int] | None = None
-    ) -> list[list[dict[str, Any]]]:
+    # ---- the stepping thread -------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            while not self._commands.empty():
+                fn, fut = self._commands.get()
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # handed to the RPC thread, which reports it to the caller
+                    fut.set_exception(e)
+            if self._owner and self.engine.num_unfinished():
+                t0 = time.perf_counter()
+                finished = self.engine.step()
+                self.busy_s += time.perf_counter() - t0
+                if finished:
+                    self._deliver(finished)
+            else:
+                self._wake.wait(0.05)
+                self._wake.clear()
+
+    def _deliver(self, finished: list[tuple[str, list[Any]]]) -> None:
+        with self._done:
+            for rid, completions in finished:
+                client, key = self._owner.pop(rid)
+                self.generated_tokens += sum(len(c.token_ids) for c in completions)
+                self._mailbox.setdefault(client, []).append([key, [c.to_dict() for c in completions]])
+            self._done.notify_all()
+
+    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+        fut: Future = Future()
+        self._commands.put((fn, fut))
+        self._wake.set()
+        return fut.result()
+
+    # ---- RPC methods ---------------------------------------------------------------------------
+    def submit(self, client: str, keys: list[str], prompts: list[list[int]], sampling: dict[str, Any],
+               seeds: list[int] | None = None) -> dict[str, int]:
+        """Queue one request per prompt; its group comes back from `poll` under (client, key)."""
+        if len(keys) != len(prompts) or (seeds is not None and len(seeds) != len(prompts)):
+            raise ValueError(f"{len(keys)} keys, {len(prompts)} prompts, {len(seeds or [])} seeds")
         spec = SamplingSpec(**sampling)
-        return [[c.to_dict() for c in row] for row in self.engine.generate(prompts, spec, seeds)]
+        rids = [f"{client}/{key}" for key in keys]
+        with self._done:
+            clash = [rid for rid in rids if rid in self._owner]
+            if clash:
+                raise ValueError(f"request keys already pending: {clash[:3]}")
+            self._owner.update({rid: (client, key) for rid, key in zip(rids, keys)})
+        try:
+            self._on_loop(lambda: self.engine.add_requests(rids, prompts, spec, seeds))
+        except BaseException:
+            with self._done:
+                for rid in rids:
+                    self._owner.pop(rid, None)
+            raise
+        return {"queued": len(rids), "load": self.load()}
+
+    def poll(self, client: str, max_wait_s: float = 0.05) -> dict[str, Any]:
+        """Finished groups of `client` (waiting up to max_wait_s for the first), its pending count and the load."""
+        with self._done:
+            self._done.wait_for(lambda: self._mailbox.get(client), timeout=min(max(max_wait_s, 0.0), 1.0))
+            done = self._mailbox.pop(client, [])
+            pending = sum(1 for c, _ in self._owner.values() if c == client)
+        return {"done": done, "pending": pending, "load": self.load()}
+
+    def cancel(self, client: str) -> dict[str, int]:
+        """Drop a client's pending requests and undelivered results (it gave up on them)."""
+        with self._done:
+            rids = [rid for rid, (c, _) in self._owner.items() if c == client]
+            for rid in rids:
+                del self._owner[rid]
+            self._mailbox.pop(client, None)
+        if rids:
+            self._on_loop(lambda: self.engine.abort(rids))
+        return {"cancelled": len(rids)}
+
+    def load(self) -> int:
+        """Requests in flight on this engine (all clients): what least-loaded routing compares."""
+        return len(self._owner)
 
     def update_weights(self, named_tensors: list[list[Any]]) -> dict[str, Any]:
         pairs: list[tuple[str, torch.Tensor]] = []
@@ -48,20 +139,23 @@ class EngineService:
                 raise TypeError("named_tensors must be a list of [name, tensor] pairs")
             pairs.append((item[0], item[1]))
         t0 = time.perf_counter()
-        self.engine.update_weights(pairs)
+        self._on_loop(lambda: self.engine.update_weights(pairs))
         return {"tensors": len(pairs), "seconds": time.perf_counter() - t0}
 
     def sleep(self) -> dict[str, Any]:
-        return self.engine.sleep()
+        return self._on_loop(self.engine.sleep)
 
     def wake(self) -> dict[str, Any]:
-        return self.engine.wake()
+        return self._on_loop(self.engine.wake)
 
     def health(self) -> dict[str, Any]:
-        return self.engine.health()
+        info = self._on_loop(self.engine.health)
+        info.update(busy_s=self.busy_s, generated_tokens=self.generated_tokens, load=self.load())
+        return info
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        self._on_loop(self.engine.shutdown)
+        self._stop.set()
 
 
 def build_engine(spec: dict[str, Any]) -> Any:

@@ -101,6 +101,7 @@ class VLLMEngine:
         self.eos_token_id: int | None = self.llm.get_tokenizer().eos_token_id
         self.startup_s = time.perf_counter() - t0
         self.sleeping = False
+        self._want_logprobs: dict[str, bool] = {}
         self.weight_updates = 0
         self.last_update_s = 0.0
         log.info("vLLM engine for %s ready on %s in %.1fs", model_path, self.device, self.startup_s)
@@ -141,6 +142,39 @@ class VLLMEngine:
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
         )
         return [[self._completion(o, sampling.logprobs) for o in out.outputs] for out in outs]
+
+    # ---- streaming: requests are added, the engine is stepped, finished groups come out -------
+    def add_requests(
+        self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None
+    ) -> None:
+        """Queue prompts without running them; `step` advances all queued requests together."""
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if self.sleeping:
+            raise RuntimeError("engine is asleep; call wake() first")
+        for i, (rid, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
+            params = self._sampling_params(sampling, None if seeds is None else int(seeds[i]))
+            params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per prompt, all n samples
+            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), params)
+        self._want_logprobs.update({rid: sampling.logprobs for rid in request_ids})
+
+    def step(self) -> list[tuple[str, list[Completion]]]:
+        """One engine iteration; returns the requests (all their samples) that finished in it."""
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                want = self._want_logprobs.pop(out.request_id, True)
+                finished.append((out.request_id, [self._completion(o, want) for o in out.outputs]))
+        return finished
+
+    def abort(self, request_ids: list[str]) -> None:
+        self.llm.llm_engine.abort_request(list(request_ids))
+        for rid in request_ids:
+            self._want_logprobs.pop(rid, None)
+
+    def num_unfinished(self) -> int:
+        return self.llm.llm_engine.get_num_unfinished_requests()
 
     @staticmethod
     def _completion(o: Any, want_logprobs: bool) -> Completion:

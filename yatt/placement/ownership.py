@@ -31,14 +31,24 @@ class HookRole:
 
 
 class DeviceOwnership:
-    """Tracks the owner of this rank's device; `with own("rollout"): ...` runs a stage as that role."""
+    """Tracks the owner of this rank's device; `with own("rollout"): ...` runs a stage as that role.
+
+    Time is charged to whoever owns the device, from the moment it got it until the next switch,
+    so the metrics say how long the device served each role (busy or waiting on other devices).
+    """
 
     def __init__(self, roles: dict[str, Role], initial_owner: str | None = None):
         self.roles = roles
         self.owner = initial_owner
+        self.since = time.perf_counter()
         self.switch_seconds = 0.0
         self.switches = 0
-        self.stage_seconds: dict[str, float] = {}
+        self.owned_seconds: dict[str, float] = {}
+
+    def _charge(self, now: float) -> None:
+        if self.owner is not None:
+            self.owned_seconds[self.owner] = self.owned_seconds.get(self.owner, 0.0) + now - self.since
+        self.since = now
 
     def acquire(self, role: str) -> None:
         if role not in self.roles:
@@ -46,26 +56,25 @@ class DeviceOwnership:
         if role == self.owner:
             return
         start = time.perf_counter()
+        self._charge(start)
         if self.owner is not None:
             self.roles[self.owner].offload()
         self.roles[role].onload()
         self.owner = role
-        self.switch_seconds += time.perf_counter() - start
+        self.since = time.perf_counter()
+        self.switch_seconds += self.since - start
         self.switches += 1
 
     @contextmanager
     def own(self, role: str) -> Iterator[None]:
         self.acquire(role)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stage_seconds[role] = self.stage_seconds.get(role, 0.0) + time.perf_counter() - start
+        yield
 
     def take_metrics(self) -> dict[str, float]:
-        """Time per role and switch cost since the last call (then reset)."""
-        out = {f"time/{role}_s": s for role, s in self.stage_seconds.items()}
+        """Seconds owned per role and switch cost since the last call (then reset)."""
+        self._charge(time.perf_counter())
+        out = {f"placement/owned_{role}_s": s for role, s in self.owned_seconds.items()}
         out["placement/switch_s"] = self.switch_seconds
         out["placement/switches"] = float(self.switches)
-        self.stage_seconds, self.switch_seconds, self.switches = {}, 0.0, 0
+        self.owned_seconds, self.switch_seconds, self.switches = {}, 0.0, 0
         return out

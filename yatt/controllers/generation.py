@@ -1,0 +1,126 @@
+"""The generation phase of a step: sample G responses per prompt, and have the judges read them.
+
+`stream=False` (full colocation): all rollouts finish, then the device changes owner, then the
+judges run. `stream=True` (partial colocation): rollout and judge engines run at the same time on
+different devices, and each prompt's group goes to a judge the moment it is finished, so judging
+overlaps the slowest rollouts instead of waiting for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from yatt.controllers.rollouts import Rollout
+from yatt.data.rows import PromptRow
+from yatt.engines.base import SamplingSpec
+from yatt.engines.pool import EnginePool, Request
+from yatt.genrm.judge import Judge
+from yatt.genrm.mixing import mix_rewards
+from yatt.rewards.rules import score as rule_score
+
+
+def judge_seed(run_seed: int, step: int, group: int, sample: int, judge: str) -> int:
+    digest = hashlib.blake2b(f"judge:{judge}:{run_seed}:{step}:{group}:{sample}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
+@dataclass
+class JudgeLane:
+    """A judge and the engines that serve it."""
+
+    judge: Judge
+    pool: EnginePool
+
+
+@dataclass
+class GenerationStats:
+    rollout_s: float = 0.0  # submit -> last rollout group back
+    judge_tail_s: float = 0.0  # last rollout group -> last verdict (the judging not hidden by rollout)
+    judged: int = 0
+    unparseable: int = 0
+    max_judge_queue: int = 0
+    pools: dict[str, float] = field(default_factory=dict)  # re-routed / respawned / duplicate counts
+    judge_scores: dict[str, list[float]] = field(default_factory=dict)
+
+
+def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds: list[int], sampling: SamplingSpec,
+                       tokenizer, rollout_pool: EnginePool, lanes: dict[str, JudgeLane], *, step: int,
+                       run_seed: int, stream: bool, before_judging: Callable[[], None] | None = None,
+                       ) -> tuple[list[Rollout], GenerationStats]:
+    """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in."""
+    stats = GenerationStats(judge_scores={name: [] for name in lanes})
+    groups: dict[int, list[Rollout]] = {}
+    start = time.perf_counter()
+    rollout_pool.submit([Request(f"s{step}/g{g}", ids, seed, sampling)
+                         for g, (ids, seed) in enumerate(zip(prompt_ids, seeds))])
+
+    def judge_group(g: int) -> None:
+        for name, lane in lanes.items():
+            lane.pool.submit([
+                Request(f"s{step}/g{g}/{j}", lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
+                        judge_seed(run_seed, step, g, j, name), lane.judge.sampling)
+                for j, r in enumerate(groups[g])])
+            stats.max_judge_queue = max(stats.max_judge_queue, lane.pool.in_flight())
+
+    def take_rollouts(key: str, completions) -> None:
+        g = int(key.rsplit("/g", 1)[1])
+        groups[g] = [Rollout(rows[g], prompt_ids[g], list(c.token_ids), list(c.logprobs), c.finish_reason,
+                             text=tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in completions]
+        for r in groups[g]:
+            r.rule_score = rule_score(r.text, r.row)
+        if stream and lanes:
+            judge_group(g)
+
+    def take_verdicts(name: str) -> Callable:
+        def take(key: str, completions) -> None:
+            _, g, j = key.split("/")
+            verdict = lanes[name].judge.score(completions)
+            groups[int(g[1:])][int(j)].judge_scores[name] = verdict.score
+            stats.judged += 1
+            stats.unparseable += verdict.unparseable
+        return take
+
+    if stream and lanes:  # both kinds of engines at once: poll each in turn until all is back
+        takers = {name: take_verdicts(name) for name in lanes}
+        while rollout_pool.in_flight() or any(lane.pool.in_flight() for lane in lanes.values()):
+            for key, completions in rollout_pool.poll(0.01):
+                take_rollouts(key, completions)
+            if not rollout_pool.in_flight() and not stats.rollout_s:
+                stats.rollout_s = time.perf_counter() - start
+            for name, lane in lanes.items():
+                for key, completions in lane.pool.poll(0.01):
+                    takers[name](key, completions)
+    else:
+        rollout_pool.drain(take_rollouts)
+        stats.rollout_s = time.perf_counter() - start
+        if lanes:
+            if before_judging:
+                before_judging()
+            for g in sorted(groups):
+                judge_group(g)
+            for name, lane in lanes.items():
+                lane.pool.drain(take_verdicts(name))
+    stats.rollout_s = stats.rollout_s or time.perf_counter() - start
+    stats.judge_tail_s = time.perf_counter() - start - stats.rollout_s
+    rollouts = [r for g in range(len(rows)) for r in groups[g]]
+    for prefix, pool in [("rollout", rollout_pool)] + [(f"genrm/{n}", lane.pool) for n, lane in lanes.items()]:
+        for key, value in pool.take_metrics(prefix).items():
+            stats.pools[key] = stats.pools.get(key, 0.0) + value
+    for name in lanes:
+        stats.judge_scores[name] = [r.judge_scores[name] for r in rollouts]
+    return rollouts, stats
+
+
+def assign_rewards(rollouts: list[Rollout], mode: str, judge_weights: dict[str, float], rule_weight: float) -> None:
+    """Rollout.reward from the rule score and the judges' scores (see yatt.genrm.mixing)."""
+    rule = torch.tensor([r.rule_score for r in rollouts], dtype=torch.float64)
+    judges = {name: torch.tensor([r.judge_scores[name] for r in rollouts], dtype=torch.float64)
+              for name in judge_weights}
+    rewards = mix_rewards(mode, rule, judges, judge_weights, rule_weight)
+    for r, value in zip(rollouts, rewards.tolist()):
+        r.reward = float(value)
