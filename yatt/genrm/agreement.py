@@ -1,0 +1,81 @@
+"""How often a judge agrees with the rule verifier on responses a real policy samples.
+
+    python -m yatt.genrm.agreement --config configs/quickstart_genrm.yaml [--samples 8] [--out FILE.json]
+
+The policy (the config's model) samples `--samples` responses per held-out prompt with the config's
+rollout settings; every judge of the config reads them; each verdict is compared with the
+exact-match rule. Prints agreement, the confusion counts and unreadable verdicts, and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from yatt.config import load_experiment
+from yatt.controllers.rollouts import encode_prompts, generate_rollouts
+from yatt.data.sources import load_shard
+from yatt.engines.base import SamplingSpec
+from yatt.engines.client import spawn_engine
+from yatt.genrm.judge import Judge
+from yatt.rewards.rules import score as rule_score
+
+
+def measure(config: str, samples: int, seed: int = 0) -> dict:
+    cfg = load_experiment(config)
+    if cfg.data.eval is None or not cfg.reward.judges:
+        raise SystemExit(f"{config}: needs data.eval and at least one reward.judges entry")
+    tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.path))
+    rows = load_shard(cfg.data.eval, 0, 1, limit=cfg.data.eval_prompts)
+    logs = Path(tempfile.mkdtemp(prefix="yatt-agreement-"))
+    sampling = SamplingSpec(n=samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                            max_tokens=cfg.rollout.max_new_tokens, stop_token_ids=[tokenizer.eos_token_id],
+                            logprobs=False)
+    with spawn_engine(str(cfg.model.path), cfg.rollout.engine, seed, logs / "policy.log") as policy:
+        prompt_ids = encode_prompts(rows, tokenizer, cfg.data.max_prompt_tokens)
+        rollouts = generate_rollouts(policy, rows, prompt_ids, sampling, tokenizer,
+                                     [seed * 1_000_003 + i * samples for i in range(len(rows))])
+    rule = [rule_score(r.text, r.row) >= 1.0 for r in rollouts]
+    report = {"config": config, "responses": len(rollouts), "rule_correct_frac": sum(rule) / len(rule), "judges": {}}
+    for jcfg in cfg.reward.judges:
+        judge = Judge(jcfg)
+        with spawn_engine(str(jcfg.model), jcfg.engine, seed, logs / f"{jcfg.name}.log") as engine:
+            outs = engine.generate([judge.prompt_ids(r.row.question(), r.row.answer, r.text) for r in rollouts],
+                                   judge.sampling)
+        verdicts = [judge.score(c) for c in outs]
+        said_yes = [v.score > jcfg.verdict.pass_threshold for v in verdicts]
+        pairs = list(zip(rule, said_yes))
+        report["judges"][jcfg.name] = {
+            "agreement": sum(a == b for a, b in pairs) / len(pairs),
+            "true_yes": sum(a and b for a, b in pairs), "true_no": sum(not a and not b for a, b in pairs),
+            "false_yes": sum(not a and b for a, b in pairs), "false_no": sum(a and not b for a, b in pairs),
+            "unparseable": sum(v.unparseable for v in verdicts),
+        }
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--samples", type=int, default=8, help="responses per held-out prompt")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", help="write the report as JSON here")
+    args = parser.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    report = measure(args.config, args.samples, args.seed)
+    print(f"{report['responses']} responses, rule says {report['rule_correct_frac']:.3f} correct")
+    for name, r in report["judges"].items():
+        print(f"judge {name}: agreement {r['agreement']:.4f}  (yes/yes {r['true_yes']}, no/no {r['true_no']}, "
+              f"judge yes/rule no {r['false_yes']}, judge no/rule yes {r['false_no']}, unreadable {r['unparseable']})")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Training and held-out rows for the quickstart judge: "is this response to a+b= the reference answer?"
+
+Each row is an SFT row (prompt = the judge template filled in, answer = "yes" or "no") whose label is
+the rule verifier's own verdict, so a judge that learns the rows agrees with the rule. Half of the
+responses are wrong in the ways a partly trained policy is wrong: one digit off, a lost or extra
+carry, a missing or extra digit, swapped digits, stray characters, or nothing at all.
+
+    python -m yatt.genrm.judge_data --out data/addition
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+from yatt.data.addition import read_jsonl, write_jsonl
+from yatt.genrm.template import render
+from yatt.rewards.rules import answers_match
+
+QUICKSTART_TEMPLATE = "{question}{reference}:{response}?"
+STRAY = "0123456789+=-"
+
+
+def wrong_response(answer: str, rng: random.Random) -> str:
+    """A response that the exact-match rule rejects, drawn from typical arithmetic mistakes."""
+    kind = rng.choice(["digit", "digit", "carry", "carry", "drop", "extra", "swap", "random", "stray", "empty"])
+    digits = list(answer)
+    if kind == "digit":
+        i = rng.randrange(len(digits))
+        digits[i] = rng.choice([d for d in "0123456789" if d != digits[i]])
+        text = "".join(digits)
+    elif kind == "carry":
+        text = str(max(0, int(answer) + rng.choice([-1, 1]) * rng.choice([1, 10, 100, 1000])))
+    elif kind == "drop":
+        i = rng.randrange(len(digits))
+        text = "".join(digits[:i] + digits[i + 1:])
+    elif kind == "extra":
+        i = rng.randrange(len(digits) + 1)
+        text = "".join(digits[:i] + [rng.choice("0123456789")] + digits[i:])
+    elif kind == "swap" and len(set(digits)) > 1:
+        i, j = rng.sample(range(len(digits)), 2)
+        digits[i], digits[j] = digits[j], digits[i]
+        text = "".join(digits)
+    elif kind == "random":
+        text = str(rng.randint(10 ** (len(answer) - 1), 10 ** len(answer) - 1))
+    elif kind == "stray":
+        text = answer[: rng.randrange(len(answer) + 1)] + "".join(rng.choice(STRAY) for _ in range(rng.randint(1, 3)))
+    else:
+        text = ""
+    return text if not answers_match(text, answer) else wrong_response(answer, rng)
+
+
+def judge_rows(addition_rows: list[dict], seed: int, template: str = QUICKSTART_TEMPLATE) -> list[dict]:
+    """One judge row per addition row: right or wrong response with equal odds, labelled by the rule."""
+    rng = random.Random(seed)
+    rows = []
+    for row in addition_rows:
+        answer = row["answer"]
+        if rng.random() < 0.5:
+            response = answer if rng.random() < 0.9 else rng.choice([" ", ""]) + answer + rng.choice([" ", ""])
+        else:
+            response = wrong_response(answer, rng)
+        label = "yes" if answers_match(response, answer) else "no"
+        rows.append({"prompt": render(template, row["prompt"], answer, response), "answer": label,
+                     "data_source": "exact_match"})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write the quickstart judge's SFT and held-out rows.")
+    parser.add_argument("--out", default="data/addition", help="folder with sft.jsonl and eval.jsonl")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    for source, target, seed in (("sft", "judge_sft", args.seed), ("eval", "judge_eval", args.seed + 1)):
+        rows = judge_rows(read_jsonl(out / f"{source}.jsonl"), seed)
+        write_jsonl(out / f"{target}.jsonl", rows)
+        print(f"wrote {len(rows)} rows to {out / f'{target}.jsonl'}")
+
+
+if __name__ == "__main__":
+    main()
