@@ -215,7 +215,6 @@ class ControllerShard:
         }
         metrics.update({f"time/{k}_s": v for k, v in zip(stage_names, maxes[2:])})
         metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
-        metrics.update(self.placement.take_metrics())
         return metrics
 
     def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer, busy_before: dict[str, float],
