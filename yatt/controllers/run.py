@@ -32,7 +32,9 @@ def run_experiment(cfg: ExperimentConfig, world: World) -> dict:
         train_start = time.perf_counter()
         end_eval = start_eval
         for step in range(1, cfg.run.steps + 1):
+            step_start = time.perf_counter()
             metrics = shard.step(step)
+            metrics["time/step_s"] = time.perf_counter() - step_start
             if step == cfg.run.steps or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
                 end_eval = shard.evaluate()
                 metrics.update(end_eval)

@@ -24,7 +24,10 @@ STRAY = "0123456789+=-"
 
 def wrong_response(answer: str, rng: random.Random) -> str:
     """A response that the exact-match rule rejects, drawn from typical arithmetic mistakes."""
-    kind = rng.choice(["digit", "digit", "carry", "carry", "drop", "extra", "swap", "random", "stray", "empty"])
+    # Mostly near misses: wrong lengths are easy to spot, so a judge trained on them alone learns to count
+    # characters and stalls near 85%; one-digit differences force it to compare the digits.
+    kind = rng.choices(["digit", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
+                       weights=[40, 25, 5, 5, 10, 5, 5, 5])[0]
     digits = list(answer)
     if kind == "digit":
         i = rng.randrange(len(digits))
