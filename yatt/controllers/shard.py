@@ -1,8 +1,9 @@
 """The controller shard: one per torchrun rank, owning its slice of the data from prompt to loss.
 
 The RL step (`ControllerShard.step`) reads top to bottom like the algorithm:
-    generate -> reward -> old/ref logprobs -> advantages -> update -> sync weights
-Ranks exchange only DDP gradients and small metadata (counts, sums, timings) through `World`.
+    generate -> reward (-> dynamic sampling) -> rebalance -> old/ref logprobs -> advantages -> update -> sync
+Ranks exchange only DDP gradients, small metadata (counts, sums, timings) through `World`, and the
+samples that load balancing moves (yatt.balance.exchange).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 from transformers import AutoTokenizer
 
 from yatt.algorithms import get_advantage_estimator, kl_estimate, kl_penalized_rewards, masked_sum
+from yatt.balance.exchange import Sample, rebalance
 from yatt.config import ExperimentConfig
+from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
 from yatt.controllers.objective import policy_objective
 from yatt.controllers.rollouts import Rollout, encode_prompts, generate_rollouts, sample_seed, score_rollouts
 from yatt.data.sources import load_shard
@@ -24,16 +27,20 @@ from yatt.data.stream import PromptStream
 from yatt.distributed import World
 from yatt.engines.base import SamplingSpec
 from yatt.engines.client import spawn_engine
+from yatt.engines.router import EngineRouter
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.trainers.batch import TokenBatch
 from yatt.trainers.torch_trainer import TorchTrainer
 
 
+STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
+
+
 class StageTimer:
     """Seconds per named stage of one step: `with timer("generate"): ...`."""
 
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
+    def __init__(self, stages: tuple[str, ...] = ()):
+        self.seconds: dict[str, float] = dict.fromkeys(stages, 0.0)  # same keys on every rank, even if unused
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -58,8 +65,11 @@ class ControllerShard:
         optimizer_steps = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
         self.trainer = TorchTrainer(cfg.model.path, cfg.trainer, world, total_steps=optimizer_steps)
         self.ref = TorchTrainer(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
-        self.engine = spawn_engine(str(cfg.model.path), cfg.rollout.engine, seed=cfg.run.seed + world.rank,
-                                   log_path=run_dir / "logs" / f"engine-rank{world.rank}.log")
+        self.engine = EngineRouter([
+            spawn_engine(str(cfg.model.path), cfg.rollout.engine, seed=cfg.run.seed + world.rank + i * world.size,
+                         log_path=run_dir / "logs" / f"engine-rank{world.rank}{f'-{i}' if i else ''}.log")
+            for i in range(cfg.rollout.engines_per_rank)])
+        self.sampler = DynamicSampler(cfg.algorithm.dynamic_sampling) if cfg.algorithm.dynamic_sampling.enabled else None
         self.placement = DeviceOwnership({"rollout": HookRole(self.engine.sleep, self.engine.wake),
                                           "train": HookRole(self.trainer.offload, self.trainer.onload)},
                                          initial_owner="rollout")
@@ -73,21 +83,18 @@ class ControllerShard:
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
-        cfg, algo, timer = self.cfg, self.cfg.algorithm, StageTimer()
-        rows = self.train_stream.next_batch(self.prompts_per_rank)
-        with timer("generate"), self.placement.own("rollout"):
-            prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
-            seeds = [sample_seed(cfg.run.seed, step, row.index) for row in rows]
-            rollouts = generate_rollouts(self.engine, rows, prompt_ids, self.sampling, self.tokenizer, seeds)
-        with timer("reward"):
-            score_rollouts(rollouts)
+        cfg, algo, timer = self.cfg, self.cfg.algorithm, StageTimer(STAGES)
+        with self.placement.own("rollout"):
+            rollouts, sampling_metrics = self._generate_and_reward(step, timer)
+        with timer("balance"):
+            samples, plan = self._rebalance(rollouts)
         with self.placement.own("train"):
-            batch = self._token_batch(rollouts)
+            batch = self._token_batch(samples)
             with timer("logprobs"):
                 old_lp, entropy = self.trainer.logprobs(batch, with_entropy=True)
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
             with timer("advantages"):
-                rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+                rewards = torch.tensor([r.reward for r in samples], dtype=torch.float32)
                 if ref_lp is not None and algo.kl_mode == "reward":
                     kl = kl_estimate(old_lp, ref_lp, algo.kl_estimator)
                     rewards = kl_penalized_rewards(rewards, kl, batch.mask, algo.kl_coef)
@@ -100,13 +107,46 @@ class ControllerShard:
                 update = self._update(batch, step)
         with timer("sync"), self.placement.own("rollout"):
             self.engine.update_weights(self.trainer.named_weights())
-        self.samples_trained += len(rollouts)
-        return self._step_metrics(rollouts, batch, entropy, ref_lp, update, timer)
+        self.samples_trained += len(samples)
+        metrics = self._step_metrics(samples, batch, entropy, ref_lp, update, timer)
+        return {**metrics, **sampling_metrics, **plan.metrics()}
 
-    def _token_batch(self, rollouts: list[Rollout]) -> TokenBatch:
-        batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
+    def _generate_and_reward(self, step: int, timer: StageTimer) -> tuple[list[Rollout], dict[str, float]]:
+        """This step's scored groups: one round of prompts_per_rank, or dynamic sampling's kept groups."""
+        if self.sampler is None:
+            return self._rollouts(step, self.prompts_per_rank, 0, timer), {}
+        group = self.cfg.rollout.group_size
+
+        def generate(count: int, round_: int) -> list[list[Rollout]]:
+            rollouts = self._rollouts(step, count, round_, timer)
+            return [rollouts[i : i + group] for i in range(0, len(rollouts), group)]
+
+        groups, metrics = self.sampler.collect(self.prompts_per_rank, generate)
+        return [r for g in groups for r in g], reduce_metrics(self.world, metrics)
+
+    def _rollouts(self, step: int, count: int, round_: int, timer: StageTimer) -> list[Rollout]:
+        rows = self.train_stream.next_batch(count)
+        with timer("generate"):
+            prompt_ids = encode_prompts(rows, self.tokenizer, self.cfg.data.max_prompt_tokens)
+            seeds = [sample_seed(self.cfg.run.seed, step, row.index, round_) for row in rows]
+            rollouts = generate_rollouts(self.engine, rows, prompt_ids, self.sampling, self.tokenizer, seeds)
+        with timer("reward"):
+            score_rollouts(rollouts)
+        return rollouts
+
+    def _rebalance(self, rollouts: list[Rollout]):
+        """Move whole groups between ranks so each trains about the same work (yatt.balance)."""
+        bal = self.cfg.balance
+        samples = [Sample(r.prompt_ids, r.response_ids, r.rollout_logprobs, r.reward, r.finish_reason,
+                          (self.world.rank, i)) for i, r in enumerate(rollouts)]
+        unit = self.cfg.rollout.group_size if bal.keep_groups is not False else 1
+        return rebalance(self.world, samples, unit, bal.attention_coef, bal.partitioner, bal.equal_count,
+                         enabled=bal.enabled)
+
+    def _token_batch(self, samples: list[Sample]) -> TokenBatch:
+        batch = TokenBatch.from_sequences([r.prompt_ids for r in samples], [r.response_ids for r in samples],
                                           self.tokenizer.pad_token_id)
-        batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
+        batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in samples])
         return batch
 
     def _update(self, batch: TokenBatch, step: int) -> dict[str, float]:
@@ -114,13 +154,17 @@ class ControllerShard:
         algo, group = self.cfg.algorithm, self.cfg.rollout.group_size
         generator = torch.Generator().manual_seed(self.cfg.run.seed * 7919 + step * 31 + self.world.rank)
         num_groups = len(batch) // group
-        totals: dict[str, float] = {}
+        totals = dict.fromkeys(("tokens", "clip_frac_sum", "dual_clip_frac_sum", "policy_loss_sum", "approx_kl_sum",
+                                "grad_norm", "lr", "optimizer_steps"), 0.0)  # a rank may hold no samples
         for _ in range(algo.ppo_epochs):
             order = torch.randperm(num_groups, generator=generator)
-            for chunk in order.chunk(algo.mini_batches):
+            # exactly mini_batches chunks (some maybe empty) on every rank: ranks hold different group counts
+            for chunk in torch.tensor_split(order, algo.mini_batches):
                 rows = (chunk[:, None] * group + torch.arange(group)).flatten()
                 mini = batch.select(rows)
                 tokens, seqs = self.world.sum([float(mini.mask.sum()), float(len(mini))])
+                if seqs == 0:
+                    continue  # no rank has data for this mini-batch (all ranks agree)
                 loss_fn = policy_objective(algo, tokens / self.world.size, seqs / self.world.size,
                                            norm_length=self.cfg.rollout.max_new_tokens)
                 stats = self.trainer.train_mini_batch(mini, loss_fn)
@@ -131,8 +175,9 @@ class ControllerShard:
 
     # ---- metrics -----------------------------------------------------------------------------
     def _step_metrics(self, rollouts, batch, entropy, ref_lp, update, timer) -> dict[str, float]:
+        """`rollouts`: what this rank trained (after dynamic sampling and rebalancing)."""
         mask = batch.mask
-        rewards = torch.tensor([r.reward for r in rollouts])
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
         groups = rewards.view(-1, self.cfg.rollout.group_size)
         lp_diff = (batch.extras["old_logprobs"] - batch.extras["rollout_logprobs"]).abs() * mask
         kl_ref = float(masked_sum(kl_estimate(batch.extras["old_logprobs"], ref_lp, self.cfg.algorithm.kl_estimator),
@@ -158,31 +203,35 @@ class ControllerShard:
         }
         s = dict(zip(local, self.world.sum(list(local.values()))))
         stage_names = sorted(timer.seconds)
-        maxes = self.world.max([float(lengths.max()), float(lp_diff.max())] + [timer.seconds[k] for k in stage_names])
-        steps = update["optimizer_steps"]
+        top = [float(t.max()) if t.numel() else 0.0 for t in (lengths, lp_diff)]  # a rank may hold no samples
+        maxes = self.world.max(top + [timer.seconds[k] for k in stage_names])
+        steps = max(update["optimizer_steps"], 1.0)
+        den = {k: max(s[k], 1.0) for k in ("tokens", "samples", "resp_tokens", "groups")}  # 0 when nothing was kept
         metrics = {
-            "reward/mean": s["reward"] / s["samples"],
-            "reward/correct_frac": s["correct"] / s["samples"],
-            "reward/zero_variance_group_frac": s["zero_var_groups"] / s["groups"],
-            "reward/pass_at_group": s["solved_groups"] / s["groups"],  # groups with >= 1 fully correct sample
-            "response/length_mean": s["resp_tokens"] / s["samples"],
+            "reward/mean": s["reward"] / den["samples"],
+            "reward/correct_frac": s["correct"] / den["samples"],
+            "reward/zero_variance_group_frac": s["zero_var_groups"] / den["groups"],
+            "reward/pass_at_group": s["solved_groups"] / den["groups"],  # groups with >= 1 fully correct sample
+            "response/length_mean": s["resp_tokens"] / den["samples"],
             "response/length_max": maxes[0],
-            "response/truncated_frac": s["truncated"] / s["samples"],
-            "actor/entropy": s["entropy"] / s["resp_tokens"],
-            "actor/policy_loss": s["policy_loss"] / s["tokens"],
-            "actor/clip_frac": s["clip"] / s["tokens"],
-            "actor/dual_clip_frac": s["dual_clip"] / s["tokens"],
-            "actor/approx_kl": s["approx_kl"] / s["tokens"],
-            "actor/kl_ref": s["kl_ref"] / s["resp_tokens"],
+            "response/truncated_frac": s["truncated"] / den["samples"],
+            "actor/entropy": s["entropy"] / den["resp_tokens"],
+            "actor/policy_loss": s["policy_loss"] / den["tokens"],
+            "actor/clip_frac": s["clip"] / den["tokens"],
+            "actor/dual_clip_frac": s["dual_clip"] / den["tokens"],
+            "actor/approx_kl": s["approx_kl"] / den["tokens"],
+            "actor/kl_ref": s["kl_ref"] / den["resp_tokens"],
             "actor/grad_norm": update["grad_norm"] / steps,
             "actor/lr": update["lr"] / steps,
-            "rollout/trainer_logprob_diff_mean": s["lp_diff"] / s["resp_tokens"],
+            "rollout/trainer_logprob_diff_mean": s["lp_diff"] / den["resp_tokens"],
             "rollout/trainer_logprob_diff_max": maxes[1],
             "rollout/samples": s["samples"],
         }
         metrics.update({f"time/{k}_s": v for k, v in zip(stage_names, maxes[2:])})
         metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
         metrics.update(self.placement.take_metrics())
+        if self.sampler is not None:
+            metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
         return metrics
 
     # ---- evaluation, export, shutdown ---------------------------------------------------------
