@@ -102,6 +102,7 @@ def plan_rebalance(lengths: Lengths, unit_size: int, attention_coef: float = 0.0
         for i in part:
             rank, u = flat[i]
             dest[rank][u] = rank_of_part[p]
+    _cancel_swaps(dest, workloads)
     plan = Plan(unit_size, lengths, workloads, dest)
     # Moving costs a little: keep today's placement unless the partition is strictly better.
     return plan if plan.imbalance(after=True) < identity.imbalance(after=False) - 1e-9 else identity
@@ -119,6 +120,20 @@ def _parts_to_ranks(parts: list[list[int]], flat: list[tuple[int, int]], weights
             rank_of_part[p] = r
             taken.add(r)
     return rank_of_part
+
+
+def _cancel_swaps(dest: list[list[int]], workloads: list[list[float]]) -> None:
+    """Keep both units in place when equal workloads would trade places: same loads, fewer moves."""
+    for a in range(len(dest)):
+        for b in range(a + 1, len(dest)):
+            back = {}
+            for u, d in enumerate(dest[b]):
+                if d == a:
+                    back.setdefault(workloads[b][u], []).append(u)
+            for u, d in enumerate(dest[a]):
+                partners = back.get(workloads[a][u])
+                if d == b and partners:
+                    dest[a][u], dest[b][partners.pop(0)] = a, b
 
 
 # ---- over torch.distributed ---------------------------------------------------------------------
