@@ -65,6 +65,20 @@ def test_impossible_combinations(tmp_path, model_dir):
         check_world(load_experiment(path), 3, str(path))
 
 
+def test_balance_and_dynamic_sampling_sections(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir)
+    cfg = load_experiment(path, ["balance.enabled=true", "algorithm.dynamic_sampling.enabled=true",
+                                 "trainer.micro_batch_tokens=512", "rollout.engines_per_rank=2"])
+    assert cfg.balance.partitioner == "kk" and cfg.algorithm.dynamic_sampling.max_rounds == 4
+    assert not load_experiment(path).balance.enabled  # off by default: today's behaviour
+    with pytest.raises(ConfigError, match="GRPO advantages need whole groups"):
+        load_experiment(path, ["balance.keep_groups=false"])
+    with pytest.raises(ConfigError, match="balance.partitioner"):
+        load_experiment(path, ["balance.partitioner=random"])
+    with pytest.raises(ConfigError, match="min_oversample <= initial_oversample"):
+        load_experiment(path, ["algorithm.dynamic_sampling.max_oversample=1.2"])
+
+
 def test_launcher_reports_config_errors_before_starting(tmp_path, model_dir):
     path = write_config(tmp_path, model_dir, "bogus: 1\n")
     proc = subprocess.run([sys.executable, str(REPO / "launch/train.py"), "--config", str(path)],

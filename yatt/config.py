@@ -75,6 +75,8 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(16, gt=0)
+    engines_per_rank: int = Field(1, gt=0, description="Rollout engines per rank; each generate call is split "
+                                  "across them by outstanding sequences (least-loaded first).")
 
 
 class RewardConfig(Section):
@@ -94,6 +96,23 @@ class RewardConfig(Section):
         return self
 
 
+class DynamicSamplingConfig(Section):
+    """DAPO-style dynamic sampling: train only on groups whose rewards are not all equal."""
+
+    enabled: bool = Field(False, description="Drop all-equal-reward groups and refill from the shard's stream.")
+    max_rounds: int = Field(4, gt=0, description="Generate rounds per step at most; then train on what was kept.")
+    initial_oversample: float = Field(1.5, ge=1.0, description="Prompts generated per needed group, at first.")
+    min_oversample: float = Field(1.0, ge=1.0, description="Lower bound of the adapted oversampling ratio.")
+    max_oversample: float = Field(4.0, ge=1.0, description="Upper bound of the adapted oversampling ratio.")
+    ema: float = Field(0.5, gt=0.0, le=1.0, description="Weight of the newest round's keep rate in its average.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "DynamicSamplingConfig":
+        if not self.min_oversample <= self.initial_oversample <= self.max_oversample:
+            raise ValueError("need min_oversample <= initial_oversample <= max_oversample")
+        return self
+
+
 class AlgorithmConfig(Section):
     advantage: Literal["grpo"] = "grpo"
     normalize_std: bool = Field(True, description="Divide group-centred rewards by the group std.")
@@ -107,6 +126,7 @@ class AlgorithmConfig(Section):
     kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term or as a reward penalty.")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
 
 class TrainerConfig(Section):
@@ -119,6 +139,20 @@ class TrainerConfig(Section):
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: final lr as a fraction of lr.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
+    micro_batch_tokens: int = Field(0, ge=0, description="If > 0, pack micro-batches by padded tokens "
+                                    "(sequences x longest length) up to this budget instead of micro_batch_size.")
+
+
+class BalanceConfig(Section):
+    """Moving rollouts between data-parallel ranks so each trains about the same work (DESIGN.md, principle 7)."""
+
+    enabled: bool = Field(False, description="Rebalance rollouts across ranks after rewards, before logprobs.")
+    attention_coef: float = Field(0.0, ge=0.0, description="Workload per sample is L + attention_coef * L^2 "
+                                  "(L = prompt + response tokens); raise it when attention dominates.")
+    partitioner: Literal["kk", "greedy"] = Field("kk", description="kk: Karmarkar-Karp; greedy: LPT.")
+    equal_count: bool = Field(False, description="Also give every rank the same number of units (+-1).")
+    keep_groups: bool | None = Field(None, description="Move whole GRPO groups; None: when the advantage "
+                                     "estimator needs them (grpo does).")
 
 
 class PlacementConfig(Section):
@@ -154,6 +188,7 @@ class ExperimentConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    balance: BalanceConfig = Field(default_factory=BalanceConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
@@ -164,6 +199,9 @@ class ExperimentConfig(Section):
                              "model, but reward.judges is empty; use placement.mode=full or add a judge")
         if self.algorithm.advantage == "grpo" and self.rollout.group_size < 2:
             raise ValueError("rollout.group_size must be >= 2 for GRPO (advantages are relative to the group)")
+        if self.algorithm.advantage == "grpo" and self.balance.keep_groups is False:
+            raise ValueError("balance.keep_groups=false would split GRPO groups across ranks, but GRPO "
+                             "advantages need whole groups on one rank")
         if self.data.prompts_per_step % self.algorithm.mini_batches:
             raise ValueError(f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
                              f"algorithm.mini_batches={self.algorithm.mini_batches}")

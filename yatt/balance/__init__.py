@@ -1,5 +1,7 @@
-"""Load balancing across data-parallel ranks: workload model, partitioning, micro-batch packing."""
+"""Load balancing across data-parallel ranks: workload model, partitioning, DP exchange, micro-batch packing."""
 
+from yatt.balance.exchange import Plan, Sample, exchange, gather_lengths, plan_rebalance, rebalance, restore_order
+from yatt.balance.packing import micro_batch_rows, pack_by_tokens, padded_tokens
 from yatt.balance.partition import (
     PARTITIONERS,
     get_partitioner,
@@ -10,6 +12,16 @@ from yatt.balance.partition import (
 from yatt.balance.workload import sample_workload
 
 __all__ = [
+    "Plan",
+    "Sample",
+    "exchange",
+    "gather_lengths",
+    "micro_batch_rows",
+    "pack_by_tokens",
+    "padded_tokens",
+    "plan_rebalance",
+    "rebalance",
+    "restore_order",
     "PARTITIONERS",
     "get_partitioner",
     "greedy_partition",

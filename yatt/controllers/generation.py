@@ -45,25 +45,38 @@ class GenerationStats:
     unparseable: int = 0
     max_judge_queue: int = 0
     pools: dict[str, float] = field(default_factory=dict)  # re-routed / respawned / duplicate counts
-    judge_scores: dict[str, list[float]] = field(default_factory=dict)
+
+    @classmethod
+    def merged(cls, rounds: list["GenerationStats"]) -> "GenerationStats":
+        """One step's stats from its generation rounds (several with dynamic sampling)."""
+        out = cls()
+        for r in rounds:
+            out.rollout_s += r.rollout_s
+            out.judge_tail_s += r.judge_tail_s
+            out.judged += r.judged
+            out.unparseable += r.unparseable
+            out.max_judge_queue = max(out.max_judge_queue, r.max_judge_queue)
+            for k, v in r.pools.items():
+                out.pools[k] = out.pools.get(k, 0.0) + v
+        return out
 
 
 def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds: list[int], sampling: SamplingSpec,
                        tokenizer, rollout_pool: EnginePool, lanes: dict[str, JudgeLane], *, step: int,
-                       run_seed: int, stream: bool, before_judging: Callable[[], None] | None = None,
+                       run_seed: int, stream: bool, round_: int = 0, before_judging: Callable[[], None] | None = None,
                        ) -> tuple[list[Rollout], GenerationStats]:
     """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in."""
-    stats = GenerationStats(judge_scores={name: [] for name in lanes})
+    stats = GenerationStats()
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
-    rollout_pool.submit([Request(f"s{step}/g{g}", ids, seed, sampling)
+    rollout_pool.submit([Request(f"s{step}r{round_}/g{g}", ids, seed, sampling)
                          for g, (ids, seed) in enumerate(zip(prompt_ids, seeds))])
 
     def judge_group(g: int) -> None:
         for name, lane in lanes.items():
             lane.pool.submit([
-                Request(f"s{step}/g{g}/{j}", lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
-                        judge_seed(run_seed, step, g, j, name), lane.judge.sampling)
+                Request(f"s{step}r{round_}/g{g}/{j}", lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
+                        judge_seed(run_seed, step, round_ * 1_000_000 + g, j, name), lane.judge.sampling)
                 for j, r in enumerate(groups[g])])
             stats.max_judge_queue = max(stats.max_judge_queue, lane.pool.in_flight())
 
@@ -111,8 +124,6 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
     for prefix, pool in [("rollout", rollout_pool)] + [(f"genrm/{n}", lane.pool) for n, lane in lanes.items()]:
         for key, value in pool.take_metrics(prefix).items():
             stats.pools[key] = stats.pools.get(key, 0.0) + value
-    for name in lanes:
-        stats.judge_scores[name] = [r.judge_scores[name] for r in rollouts]
     return rollouts, stats
 
 

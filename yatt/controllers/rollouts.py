@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from yatt.data.jsonl import DataError
 from yatt.data.rows import PromptRow
@@ -23,10 +23,22 @@ class Rollout:
     rule_score: float = 0.0
     judge_scores: dict[str, float] = field(default_factory=dict)
 
+    def to_dict(self) -> dict:
+        """Plain JSON-able data (for state that checkpoints carry, e.g. the dynamic-sampling queue)."""
+        return asdict(self)
 
-def sample_seed(run_seed: int, step: int, row_index: int) -> int:
-    """A sampling seed fixed by (run, step, prompt), so a rerun or resume draws the same samples."""
-    digest = hashlib.blake2b(f"{run_seed}:{step}:{row_index}".encode(), digest_size=4).digest()
+    @classmethod
+    def from_dict(cls, d: dict) -> "Rollout":
+        return cls(**{**d, "row": PromptRow(**d["row"])})
+
+
+def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> int:
+    """A sampling seed fixed by (run, step, prompt), so a rerun or resume draws the same samples.
+
+    `round_` > 0 names a dynamic-sampling refill round, in which a prompt may come round again.
+    """
+    key = f"{run_seed}:{step}:{row_index}" + (f":{round_}" if round_ else "")
+    digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 

@@ -40,6 +40,7 @@ def run_experiment(cfg: ExperimentConfig, world: World) -> dict:
                 metrics.update(end_eval)
             log.log(step, metrics)
         train_seconds = time.perf_counter() - train_start
+        samples_trained = int(world.sum([float(shard.samples_trained)])[0])  # ranks may train different counts
         summary = {
             "steps": cfg.run.steps,
             "world_size": world.size,
@@ -48,8 +49,8 @@ def run_experiment(cfg: ExperimentConfig, world: World) -> dict:
             "eval_count": end_eval.get("eval/count"),
             "wall_seconds": round(time.perf_counter() - wall_start, 2),
             "train_seconds": round(train_seconds, 2),
-            "samples_trained": shard.samples_trained * world.size,
-            "samples_per_second": round(shard.samples_trained * world.size / train_seconds, 2),
+            "samples_trained": samples_trained,
+            "samples_per_second": round(samples_trained / train_seconds, 2),
         }
         if cfg.run.export_policy and world.is_main:
             shard.export_policy(run_dir / "policy")

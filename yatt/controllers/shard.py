@@ -1,8 +1,9 @@
 """The controller shard: one per torchrun rank, owning its slice of the data from prompt to loss.
 
 The RL step (`ControllerShard.step`) reads top to bottom like the algorithm:
-    generate -> reward -> old/ref logprobs -> advantages -> update -> sync weights
-Ranks exchange only DDP gradients and small metadata (counts, sums, timings) through `World`.
+    generate -> reward (-> dynamic sampling) -> rebalance -> old/ref logprobs -> advantages -> update -> sync
+Ranks exchange only DDP gradients, small metadata (counts, sums, timings) through `World`, and the
+samples that load balancing moves (yatt.balance.exchange).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 from transformers import AutoTokenizer
 
 from yatt.algorithms import get_advantage_estimator, kl_estimate, kl_penalized_rewards, masked_sum
+from yatt.balance.exchange import Sample, rebalance
 from yatt.config import ExperimentConfig
+from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
 from yatt.controllers.objective import policy_objective
 from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
 from yatt.controllers.rollouts import Rollout, encode_prompts, generate_rollouts, sample_seed, score_rollouts
@@ -32,11 +35,14 @@ from yatt.trainers.batch import TokenBatch
 from yatt.trainers.torch_trainer import TorchTrainer
 
 
+STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
+
+
 class StageTimer:
     """Seconds per named stage of one step: `with timer("generate"): ...`."""
 
-    def __init__(self):
-        self.seconds: dict[str, float] = {}
+    def __init__(self, stages: tuple[str, ...] = ()):
+        self.seconds: dict[str, float] = dict.fromkeys(stages, 0.0)  # same keys on every rank, even if unused
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -66,11 +72,13 @@ class ControllerShard:
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
         self.schedule = GenerationSchedule(cfg.placement, world.size)
         self.placement = DeviceOwnership({
-            "rollout": HookRole(lambda: self.services.rollout.sleep(), lambda: self.services.rollout.wake()),
+            "rollout": HookRole(lambda: [e.sleep() for e in self.services.rollouts()],
+                                lambda: [e.wake() for e in self.services.rollouts()]),
             "genrm": HookRole(lambda: [j.sleep() for j in self.services.judges()],
                               lambda: [j.wake() for j in self.services.judges()]),
             "train": HookRole(self.trainer.offload, self.trainer.onload),
         }, initial_owner="rollout")
+        self.sampler = DynamicSampler(cfg.algorithm.dynamic_sampling) if cfg.algorithm.dynamic_sampling.enabled else None
         eos = self.tokenizer.eos_token_id
         self.sampling = SamplingSpec(n=cfg.rollout.group_size, temperature=cfg.rollout.temperature,
                                      top_p=cfg.rollout.top_p, max_tokens=cfg.rollout.max_new_tokens,
@@ -81,22 +89,20 @@ class ControllerShard:
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
-        cfg, algo, timer = self.cfg, self.cfg.algorithm, StageTimer()
-        rows = self.train_stream.next_batch(self.prompts_per_rank)
+        cfg, algo, timer = self.cfg, self.cfg.algorithm, StageTimer(STAGES)
         restarted = self.services.heal()
         busy_before = self.services.busy_seconds()
-        with timer("generate"):
-            rollouts, gen = self._generate(step, rows)
-        with timer("reward"):
-            assign_rewards(rollouts, cfg.reward.kind, {j.name: j.weight for j in cfg.reward.judges},
-                           cfg.reward.rule_weight)
+        self._rounds: list[GenerationStats] = []
+        rollouts, sampling_metrics = self._generate_and_reward(step, timer)
+        with timer("balance"):
+            samples, plan = self._rebalance(rollouts)
         with self.placement.own("train"):
-            batch = self._token_batch(rollouts)
+            batch = self._token_batch(samples)
             with timer("logprobs"):
                 old_lp, entropy = self.trainer.logprobs(batch, with_entropy=True)
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
             with timer("advantages"):
-                rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+                rewards = torch.tensor([r.reward for r in samples], dtype=torch.float32)
                 if ref_lp is not None and algo.kl_mode == "reward":
                     kl = kl_estimate(old_lp, ref_lp, algo.kl_estimator)
                     rewards = kl_penalized_rewards(rewards, kl, batch.mask, algo.kl_coef)
@@ -108,18 +114,20 @@ class ControllerShard:
             with timer("update"):
                 update = self._update(batch, step)
         with timer("sync"), self.placement.own("rollout"):
-            self.services.rollout.update_weights(self.trainer.named_weights())
-        self.samples_trained += len(rollouts)
-        metrics = self._step_metrics(rollouts, batch, entropy, ref_lp, update, timer)
-        metrics.update(self._placement_metrics(rollouts, gen, timer, busy_before, restarted))
-        return metrics
+            for engine in self.services.rollouts():
+                engine.update_weights(self.trainer.named_weights())
+        self.samples_trained += len(samples)
+        metrics = self._step_metrics(samples, batch, entropy, ref_lp, update, timer)
+        metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
+                                               restarted))
+        return {**metrics, **sampling_metrics, **plan.metrics()}
 
-    def _generate(self, step: int, rows) -> tuple[list[Rollout], GenerationStats]:
+    def _generate(self, step: int, rows, round_: int) -> tuple[list[Rollout], GenerationStats]:
         """Rollouts with rule and judge scores, on the devices the placement gives each role."""
         cfg = self.cfg
         prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
-        seeds = [sample_seed(cfg.run.seed, step, row.index) for row in rows]
-        common = dict(step=step, run_seed=cfg.run.seed)
+        seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
+        common = dict(step=step, round_=round_, run_seed=cfg.run.seed)
         if cfg.placement.mode == "full":  # this device: rollout, then GenRM
             rank = [self.world.rank]
             lanes = {name: JudgeLane(j, self.services.pool(judge_role(name), rank)) for name, j in self.judges.items()}
@@ -136,10 +144,43 @@ class ControllerShard:
             self.world.barrier()  # a GenRM device serves until every controller has its verdicts
         return result
 
-    def _token_batch(self, rollouts: list[Rollout]) -> TokenBatch:
-        batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
+    def _generate_and_reward(self, step: int, timer: StageTimer) -> tuple[list[Rollout], dict[str, float]]:
+        """This step's scored groups: one round of prompts_per_rank, or dynamic sampling's kept groups."""
+        if self.sampler is None:
+            return self._rollouts(step, self.prompts_per_rank, 0, timer), {}
+        group = self.cfg.rollout.group_size
+
+        def generate(count: int, round_: int) -> list[list[Rollout]]:
+            rollouts = self._rollouts(step, count, round_, timer)
+            return [rollouts[i : i + group] for i in range(0, len(rollouts), group)]
+
+        groups, metrics = self.sampler.collect(self.prompts_per_rank, generate)
+        return [r for g in groups for r in g], reduce_metrics(self.world, metrics)
+
+    def _rollouts(self, step: int, count: int, round_: int, timer: StageTimer) -> list[Rollout]:
+        """`count` prompts' groups, generated, judged and rewarded; one round of dynamic sampling."""
+        rows = self.train_stream.next_batch(count)
+        with timer("generate"):
+            rollouts, stats = self._generate(step, rows, round_)
+            self._rounds.append(stats)
+        with timer("reward"):
+            assign_rewards(rollouts, self.cfg.reward.kind, {j.name: j.weight for j in self.cfg.reward.judges},
+                           self.cfg.reward.rule_weight)
+        return rollouts
+
+    def _rebalance(self, rollouts: list[Rollout]):
+        """Move whole groups between ranks so each trains about the same work (yatt.balance)."""
+        bal = self.cfg.balance
+        samples = [Sample(r.prompt_ids, r.response_ids, r.rollout_logprobs, r.reward, r.finish_reason,
+                          (self.world.rank, i)) for i, r in enumerate(rollouts)]
+        unit = self.cfg.rollout.group_size if bal.keep_groups is not False else 1
+        return rebalance(self.world, samples, unit, bal.attention_coef, bal.partitioner, bal.equal_count,
+                         enabled=bal.enabled)
+
+    def _token_batch(self, samples: list[Sample]) -> TokenBatch:
+        batch = TokenBatch.from_sequences([r.prompt_ids for r in samples], [r.response_ids for r in samples],
                                           self.tokenizer.pad_token_id)
-        batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
+        batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in samples])
         return batch
 
     def _update(self, batch: TokenBatch, step: int) -> dict[str, float]:
@@ -147,13 +188,17 @@ class ControllerShard:
         algo, group = self.cfg.algorithm, self.cfg.rollout.group_size
         generator = torch.Generator().manual_seed(self.cfg.run.seed * 7919 + step * 31 + self.world.rank)
         num_groups = len(batch) // group
-        totals: dict[str, float] = {}
+        totals = dict.fromkeys(("tokens", "clip_frac_sum", "dual_clip_frac_sum", "policy_loss_sum", "approx_kl_sum",
+                                "grad_norm", "lr", "optimizer_steps"), 0.0)  # a rank may hold no samples
         for _ in range(algo.ppo_epochs):
             order = torch.randperm(num_groups, generator=generator)
-            for chunk in order.chunk(algo.mini_batches):
+            # exactly mini_batches chunks (some maybe empty) on every rank: ranks hold different group counts
+            for chunk in torch.tensor_split(order, algo.mini_batches):
                 rows = (chunk[:, None] * group + torch.arange(group)).flatten()
                 mini = batch.select(rows)
                 tokens, seqs = self.world.sum([float(mini.mask.sum()), float(len(mini))])
+                if seqs == 0:
+                    continue  # no rank has data for this mini-batch (all ranks agree)
                 loss_fn = policy_objective(algo, tokens / self.world.size, seqs / self.world.size,
                                            norm_length=self.cfg.rollout.max_new_tokens)
                 stats = self.trainer.train_mini_batch(mini, loss_fn)
@@ -164,8 +209,9 @@ class ControllerShard:
 
     # ---- metrics -----------------------------------------------------------------------------
     def _step_metrics(self, rollouts, batch, entropy, ref_lp, update, timer) -> dict[str, float]:
+        """`rollouts`: what this rank trained (after dynamic sampling and rebalancing)."""
         mask = batch.mask
-        rewards = torch.tensor([r.reward for r in rollouts])
+        rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
         groups = rewards.view(-1, self.cfg.rollout.group_size)
         lp_diff = (batch.extras["old_logprobs"] - batch.extras["rollout_logprobs"]).abs() * mask
         kl_ref = float(masked_sum(kl_estimate(batch.extras["old_logprobs"], ref_lp, self.cfg.algorithm.kl_estimator),
@@ -191,30 +237,34 @@ class ControllerShard:
         }
         s = dict(zip(local, self.world.sum(list(local.values()))))
         stage_names = sorted(timer.seconds)
-        maxes = self.world.max([float(lengths.max()), float(lp_diff.max())] + [timer.seconds[k] for k in stage_names])
-        steps = update["optimizer_steps"]
+        top = [float(t.max()) if t.numel() else 0.0 for t in (lengths, lp_diff)]  # a rank may hold no samples
+        maxes = self.world.max(top + [timer.seconds[k] for k in stage_names])
+        steps = max(update["optimizer_steps"], 1.0)
+        den = {k: max(s[k], 1.0) for k in ("tokens", "samples", "resp_tokens", "groups")}  # 0 when nothing was kept
         metrics = {
-            "reward/mean": s["reward"] / s["samples"],
-            "reward/correct_frac": s["correct"] / s["samples"],
-            "reward/zero_variance_group_frac": s["zero_var_groups"] / s["groups"],
-            "reward/pass_at_group": s["solved_groups"] / s["groups"],  # groups with >= 1 fully correct sample
-            "response/length_mean": s["resp_tokens"] / s["samples"],
+            "reward/mean": s["reward"] / den["samples"],
+            "reward/correct_frac": s["correct"] / den["samples"],
+            "reward/zero_variance_group_frac": s["zero_var_groups"] / den["groups"],
+            "reward/pass_at_group": s["solved_groups"] / den["groups"],  # groups with >= 1 fully correct sample
+            "response/length_mean": s["resp_tokens"] / den["samples"],
             "response/length_max": maxes[0],
-            "response/truncated_frac": s["truncated"] / s["samples"],
-            "actor/entropy": s["entropy"] / s["resp_tokens"],
-            "actor/policy_loss": s["policy_loss"] / s["tokens"],
-            "actor/clip_frac": s["clip"] / s["tokens"],
-            "actor/dual_clip_frac": s["dual_clip"] / s["tokens"],
-            "actor/approx_kl": s["approx_kl"] / s["tokens"],
-            "actor/kl_ref": s["kl_ref"] / s["resp_tokens"],
+            "response/truncated_frac": s["truncated"] / den["samples"],
+            "actor/entropy": s["entropy"] / den["resp_tokens"],
+            "actor/policy_loss": s["policy_loss"] / den["tokens"],
+            "actor/clip_frac": s["clip"] / den["tokens"],
+            "actor/dual_clip_frac": s["dual_clip"] / den["tokens"],
+            "actor/approx_kl": s["approx_kl"] / den["tokens"],
+            "actor/kl_ref": s["kl_ref"] / den["resp_tokens"],
             "actor/grad_norm": update["grad_norm"] / steps,
             "actor/lr": update["lr"] / steps,
-            "rollout/trainer_logprob_diff_mean": s["lp_diff"] / s["resp_tokens"],
+            "rollout/trainer_logprob_diff_mean": s["lp_diff"] / den["resp_tokens"],
             "rollout/trainer_logprob_diff_max": maxes[1],
             "rollout/samples": s["samples"],
         }
         metrics.update({f"time/{k}_s": v for k, v in zip(stage_names, maxes[2:])})
         metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
+        if self.sampler is not None:
+            metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
         return metrics
 
     def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer, busy_before: dict[str, float],

@@ -37,8 +37,11 @@ class EngineServices:
         if world.is_main:
             world.publish("run_secret", new_secret().hex())
         self.run_secret = bytes.fromhex(world.lookup("run_secret"))
+        # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
+        self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
         self.specs: dict[str, tuple[str, EngineConfig, int]] = {
-            ROLLOUT: (str(cfg.model.path), cfg.rollout.engine, cfg.run.seed + world.rank)}
+            role: (str(cfg.model.path), cfg.rollout.engine, cfg.run.seed + world.rank + i * world.size)
+            for i, role in enumerate(self.rollout_roles)}
         for j in cfg.reward.judges:
             self.specs[judge_role(j.name)] = (str(j.model), j.engine, cfg.run.seed + 1000 + world.rank)
         self.local: dict[str, EngineClient] = {}
@@ -55,7 +58,7 @@ class EngineServices:
         client = spawn_engine(model, engine_cfg, seed=seed, log_path=log,
                               secret=derive_secret(self.run_secret, role, self.world.rank))
         self.local[role] = client
-        if role == ROLLOUT and self.policy_weights is not None:
+        if role in self.rollout_roles and self.policy_weights is not None:
             client.update_weights(self.policy_weights())
         self.world.publish(f"engine/{role}/{self.world.rank}", client.endpoint)
         return client
@@ -64,8 +67,11 @@ class EngineServices:
     def rollout(self) -> EngineClient:
         return self.local[ROLLOUT]
 
+    def rollouts(self) -> list[EngineClient]:
+        return [self.local[role] for role in self.rollout_roles]
+
     def judges(self) -> list[EngineClient]:
-        return [c for role, c in self.local.items() if role != ROLLOUT]
+        return [c for role, c in self.local.items() if role not in self.rollout_roles]
 
     def heal(self) -> int:
         """Restart this rank's dead engines (called between steps, by every rank); returns how many."""
@@ -89,21 +95,26 @@ class EngineServices:
                                                self.specs[role][1])
         return self._remote[key]
 
-    def pool(self, role: str, ranks: tuple[int, ...] | list[int]) -> EnginePool:
-        """A pool over `role` engines on `ranks`; if all die mid-step, this rank's own engine (restarted) takes over."""
+    def pool(self, kind: str, ranks: tuple[int, ...] | list[int]) -> EnginePool:
+        """A pool over the `kind` engines (ROLLOUT or a judge role) on `ranks`; if all of them die mid-step,
+        this rank's own engine (restarted if dead) takes over."""
+        roles = self.rollout_roles if kind == ROLLOUT else [kind]
+
         def respawn(_: str) -> EngineClient:
-            own = self.local[role]
-            return own if own.proc.poll() is None else self._start(role)
-        return EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks}, respawn=respawn)
+            own = self.local[kind]
+            return own if own.proc.poll() is None else self._start(kind)
+        return EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks for role in roles}, respawn=respawn)
 
     def busy_seconds(self) -> dict[str, float]:
-        """Seconds each local engine has spent stepping since it started."""
+        """Seconds each local engine has spent stepping since it started (all rollout engines as one)."""
         out = {}
         for role, c in self.local.items():
             try:
-                out[role] = float(c.health()["busy_s"])
-            except Exception:
-                out[role] = 0.0
+                busy = float(c.health()["busy_s"])
+            except Exception:  # a dead engine is healed at the next step; its time is lost, not an error
+                busy = 0.0
+            key = ROLLOUT if role in self.rollout_roles else role
+            out[key] = out.get(key, 0.0) + busy
         return out
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ class TokenBatch:
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> "TokenBatch":
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-        width = max(lengths)
+        width = max(lengths, default=2)  # a rank may hold no samples after rebalancing
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
         attn = torch.zeros((len(prompts), width), dtype=torch.long)
         mask = torch.zeros((len(prompts), width - 1), dtype=torch.float32)
@@ -48,10 +48,14 @@ class TokenBatch:
     def select(self, rows: Tensor | list[int]) -> "TokenBatch":
         """A sub-batch of `rows`, trimmed to its own longest sequence (less padding to compute)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
-        width = int(self.attention_mask[rows].sum(dim=1).max())
+        width = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 2
         extras = {k: (v[rows, : width - 1] if v.dim() == 2 else v[rows]) for k, v in self.extras.items()}
         return TokenBatch(self.input_ids[rows, :width], self.attention_mask[rows, :width],
                           self.mask[rows, : width - 1], extras)
+
+    def lengths(self) -> list[int]:
+        """Real (unpadded) tokens per sequence."""
+        return self.attention_mask.sum(dim=1).tolist()
 
     def split(self, size: int) -> list["TokenBatch"]:
         return [self.select(list(range(s, min(s + size, len(self))))) for s in range(0, len(self), size)]

@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM
 
 from yatt.algorithms import entropy_from_logits, token_logprobs
+from yatt.balance.packing import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
 from yatt.trainers.batch import TokenBatch
@@ -61,6 +62,10 @@ class TorchTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
 
+    def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
+        """Row indices per micro-batch: trainer.micro_batch_tokens packing, else micro_batch_size rows."""
+        return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+
     def _logits(self, mb: TokenBatch) -> Tensor:
         out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
         return out.logits[:, :-1].float()
@@ -69,17 +74,15 @@ class TorchTrainer:
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask)."""
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
-        start = 0
         model = self.engine_model  # no DDP hooks for a forward without backward
-        for mb in batch.split(self.cfg.micro_batch_size):
-            mb = mb.to(self.world.device)
+        for rows in self.micro_batches(batch):
+            mb = batch.select(rows).to(self.world.device)
             out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
             logits = out.logits[:, :-1].float()
-            rows, width = slice(start, start + len(mb)), logits.shape[1]
-            logps[rows, :width] = (token_logprobs(logits, mb.input_ids[:, 1:]) * mb.mask).cpu()
+            rows, width = torch.tensor(rows)[:, None], torch.arange(logits.shape[1])
+            logps[rows, width] = (token_logprobs(logits, mb.input_ids[:, 1:]) * mb.mask).cpu()
             if with_entropy:
-                ents[rows, :width] = (entropy_from_logits(logits) * mb.mask).cpu()
-            start += len(mb)
+                ents[rows, width] = (entropy_from_logits(logits) * mb.mask).cpu()
         return logps, ents
 
     def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
@@ -87,16 +90,24 @@ class TorchTrainer:
 
         loss_fn must already be normalised by the global (all micro-batches, all ranks) denominators:
         micro-batch losses are summed, and DDP averages gradients over ranks.
+
+        Ranks may hold different amounts of data (load balancing, dynamic sampling), but DDP reduces
+        gradients in the backward of the last micro-batch, which every rank must run together: all
+        ranks run the largest micro-batch count, padding theirs with zero-loss passes.
         """
         assert self.trainable, "a frozen model cannot be trained"
-        micro = batch.split(self.cfg.micro_batch_size)
+        micro = self.micro_batches(batch)
+        count = int(self.world.max([float(len(micro))])[0]) if self.world.size > 1 else len(micro)
         sums: dict[str, float] = {}
-        for i, mb in enumerate(micro):
-            mb = mb.to(self.world.device)
-            last = i == len(micro) - 1
+        for i in range(count):
+            last = i == count - 1
             sync = nullcontext() if (last or self.world.size == 1) else self.model.no_sync()
             with sync:
-                loss, stats = loss_fn(self._logits(mb), mb)
+                if i < len(micro):
+                    mb = batch.select(micro[i]).to(self.world.device)
+                    loss, stats = loss_fn(self._logits(mb), mb)
+                else:
+                    loss, stats = self._zero_loss(), {}
                 loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
@@ -108,6 +119,11 @@ class TorchTrainer:
         self.optimizer_steps += 1
         return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
                 "skipped_step": float(not math.isfinite(grad_norm))}
+
+    def _zero_loss(self) -> Tensor:
+        """A pass through every parameter with zero gradient: keeps DDP in step on a rank out of data."""
+        one = torch.zeros((1, 1), dtype=torch.long, device=self.world.device)
+        return self.model(input_ids=one, attention_mask=torch.ones_like(one), use_cache=False).logits.sum() * 0.0
 
     def _state_tensors(self) -> list[Tensor]:
         tensors = [p.data for p in self.engine_model.parameters()]

@@ -1,0 +1,72 @@
+"""A short real run with dynamic sampling, DP rebalancing, token-budget micro-batches and 2 engines per rank."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_train_e2e import one_digit_rows
+from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """Random tiny policy: about half the groups are all wrong, so dynamic sampling has work to do."""
+    tmp = tmp_path_factory.mktemp("e2e_balance")
+    model = write_tiny_model(tmp / "policy0", TinyModelConfig(alphabet="0123456789+=", hidden_size=64,
+                                                              intermediate_size=128, num_hidden_layers=2,
+                                                              num_attention_heads=2, num_key_value_heads=1), seed=3)
+    train, evalset = one_digit_rows(tmp / "train.jsonl", 64), one_digit_rows(tmp / "eval.jsonl", 16)
+    config = tmp / "e2e.yaml"
+    config.write_text(f"""
+model: {{path: {model}}}
+data:
+  train: {{kind: jsonl, files: [{train}]}}
+  eval: {{kind: jsonl, files: [{evalset}]}}
+  prompts_per_step: 8
+  eval_prompts: 16
+  max_prompt_tokens: 8
+rollout: {{group_size: 8, max_new_tokens: 3, engines_per_rank: 2, engine: {{kv_cache_gib: 0.25}}}}
+algorithm:
+  mini_batches: 2
+  dynamic_sampling: {{enabled: true, max_rounds: 3, initial_oversample: 1.5}}
+trainer: {{lr: 0.01, micro_batch_tokens: 48}}
+balance: {{enabled: true, attention_coef: 0.01}}
+run: {{name: e2e_balance, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 0}}
+""")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           str(REPO / "launch/train.py"), "--config", str(config), "--placement", "full"],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
+    return proc, tmp / "runs" / "e2e_balance"
+
+
+def test_run_succeeds(run):
+    proc, run_dir = run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list((run_dir / "logs").glob("engine-rollout-1-rank1-*.log"))  # two engines per rank were started
+
+
+def test_every_trained_group_has_reward_variance(run):
+    _, run_dir = run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+    assert len(records) == 3
+    for r in records:
+        assert r["dynamic_sampling/trained_zero_var_groups"] == 0, r
+        assert r["reward/zero_variance_group_frac"] == 0, r
+        assert r["dynamic_sampling/kept_groups"] + 0.0 == r["rollout/samples"] / 8
+        assert r["dynamic_sampling/kept_groups"] == 8 or r["dynamic_sampling/short_steps"] >= 1
+        assert 1.0 <= r["dynamic_sampling/oversample_ratio"] <= 4.0
+        assert r["balance/imbalance_after"] <= r["balance/imbalance_before"]
+        for key in ("actor/policy_loss", "actor/grad_norm", "reward/mean", "time/balance_s"):
+            assert math.isfinite(r[key]), (key, r)
+    assert sum(r["dynamic_sampling/dropped_groups"] for r in records) > 0  # the filter had something to drop
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["samples_trained"] == sum(r["rollout/samples"] for r in records)

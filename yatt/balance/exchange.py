@@ -1,0 +1,246 @@
+"""DP rebalancing: move scored rollouts between ranks so that every rank trains about the same work.
+
+Protocol (every rank runs the same code; DESIGN.md principles 1 and 7):
+1. `gather_lengths`: all_gather each rank's per-sample (prompt, response) token counts. Metadata only.
+2. `plan_rebalance`: every rank computes the same plan from that metadata. The partitioner is
+   deterministic, and its parts are mapped to ranks so that as much work as possible stays in place.
+3. `exchange`: only units whose destination differs from their source travel, point to point
+   (isend/irecv: gloo has no all_to_all), as two flat tensors per (source, destination) pair:
+   int64 [origin rank, origin index, finish code, prompt ids, response ids] per sample and
+   float64 [reward, logprobs] per sample. No pickle; receivers size their buffers from the plan.
+A rank's samples after the exchange are ordered by origin (rank, index), so a GRPO group (a unit of
+G consecutive samples) stays consecutive. `restore_order` sends per-sample values back to the rank
+and position each sample came from, for anything logged per original sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from yatt.balance.partition import get_partitioner
+from yatt.balance.workload import sample_workload
+from yatt.distributed import World
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclass
+class Sample:
+    """One scored rollout as the trainer needs it (field names match `Rollout`'s)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
+    reward: float
+    finish_reason: str
+    origin: tuple[int, int]  # (rank, index) where it was generated
+
+
+Lengths = list[list[tuple[int, int]]]  # [rank][sample] -> (prompt tokens, response tokens)
+
+
+@dataclass(frozen=True)
+class Plan:
+    unit_size: int
+    lengths: Lengths
+    workloads: list[list[float]]  # [rank][unit]
+    dest: list[list[int]]  # [rank][unit] -> destination rank
+
+    def rank_loads(self, after: bool) -> list[float]:
+        loads = [0.0] * len(self.dest)
+        for src, units in enumerate(self.workloads):
+            for u, w in enumerate(units):
+                loads[self.dest[src][u] if after else src] += w
+        return loads
+
+    def imbalance(self, after: bool) -> float:
+        """Max over mean rank workload (1.0 is perfect balance)."""
+        loads = self.rank_loads(after)
+        mean = sum(loads) / len(loads)
+        return max(loads) / mean if mean > 0 else 1.0
+
+    def moves(self, src: int, dst: int) -> list[int]:
+        """Sample indices of rank `src` that go to rank `dst`, ascending."""
+        return [u * self.unit_size + j for u, d in enumerate(self.dest[src]) if d == dst for j in range(self.unit_size)]
+
+    def held_after(self, rank: int) -> list[tuple[int, int]]:
+        """Origins (rank, index) of the samples `rank` holds after the exchange, in their new order."""
+        return [(src, i) for src in range(len(self.dest)) for i in self.moves(src, rank)]
+
+    @property
+    def moved_samples(self) -> int:
+        return sum(self.unit_size for src, units in enumerate(self.dest) for d in units if d != src)
+
+    def metrics(self) -> dict[str, float]:
+        return {"balance/imbalance_before": self.imbalance(after=False),
+                "balance/imbalance_after": self.imbalance(after=True),
+                "balance/moved_samples": float(self.moved_samples)}
+
+
+def plan_rebalance(lengths: Lengths, unit_size: int, attention_coef: float = 0.0, partitioner: str = "kk",
+                   equal_count: bool = False, enabled: bool = True) -> Plan:
+    """A deterministic plan: the same on every rank given the same gathered lengths."""
+    for rank, samples in enumerate(lengths):
+        if len(samples) % unit_size:
+            raise ValueError(f"rank {rank} holds {len(samples)} samples, not a multiple of the unit size {unit_size}")
+    workloads = [[sum(sample_workload(p, r, attention_coef) for p, r in samples[s : s + unit_size])
+                  for s in range(0, len(samples), unit_size)] for samples in lengths]
+    identity = Plan(unit_size, lengths, workloads, [[rank] * len(units) for rank, units in enumerate(workloads)])
+    k = len(lengths)
+    if not enabled or k == 1:
+        return identity
+    flat = [(rank, u) for rank, units in enumerate(workloads) for u in range(len(units))]
+    weights = [workloads[rank][u] for rank, u in flat]
+    parts = get_partitioner(partitioner)(weights, k, equal_count=equal_count)
+    rank_of_part = _parts_to_ranks(parts, flat, weights, k)
+    dest = [[0] * len(units) for units in workloads]
+    for p, part in enumerate(parts):
+        for i in part:
+            rank, u = flat[i]
+            dest[rank][u] = rank_of_part[p]
+    _cancel_swaps(dest, workloads)
+    plan = Plan(unit_size, lengths, workloads, dest)
+    # Moving costs a little: keep today's placement unless the partition is strictly better.
+    return plan if plan.imbalance(after=True) < identity.imbalance(after=False) - 1e-9 else identity
+
+
+def _parts_to_ranks(parts: list[list[int]], flat: list[tuple[int, int]], weights: list[float], k: int) -> list[int]:
+    """Give each part the rank that already holds most of its work (greedy, ties by part then rank)."""
+    overlap = [[0.0] * k for _ in range(k)]
+    for p, part in enumerate(parts):
+        for i in part:
+            overlap[p][flat[i][0]] += weights[i]
+    rank_of_part, taken = [-1] * k, set()
+    for _, p, r in sorted((-overlap[p][r], p, r) for p in range(k) for r in range(k)):
+        if rank_of_part[p] < 0 and r not in taken:
+            rank_of_part[p] = r
+            taken.add(r)
+    return rank_of_part
+
+
+def _cancel_swaps(dest: list[list[int]], workloads: list[list[float]]) -> None:
+    """Keep both units in place when equal workloads would trade places: same loads, fewer moves."""
+    for a in range(len(dest)):
+        for b in range(a + 1, len(dest)):
+            back = {}
+            for u, d in enumerate(dest[b]):
+                if d == a:
+                    back.setdefault(workloads[b][u], []).append(u)
+            for u, d in enumerate(dest[a]):
+                partners = back.get(workloads[a][u])
+                if d == b and partners:
+                    dest[a][u], dest[b][partners.pop(0)] = a, b
+
+
+# ---- over torch.distributed ---------------------------------------------------------------------
+
+def gather_lengths(world: World, samples: Sequence[Sample]) -> Lengths:
+    """Every rank's per-sample (prompt, response) token counts; ranks may hold different counts."""
+    local = torch.tensor([[len(s.prompt_ids), len(s.response_ids)] for s in samples], dtype=torch.int64).view(-1, 2)
+    if world.size == 1:
+        return [[tuple(x) for x in local.tolist()]]
+    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
+    dist.all_gather(counts, torch.tensor([len(samples)], dtype=torch.int64))
+    width = max(1, max(int(c) for c in counts))
+    padded = torch.zeros((width, 2), dtype=torch.int64)
+    padded[: len(samples)] = local
+    gathered = [torch.zeros_like(padded) for _ in range(world.size)]
+    dist.all_gather(gathered, padded)
+    return [[tuple(x) for x in g[: int(c)].tolist()] for g, c in zip(gathered, counts)]
+
+
+def _pack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    ints: list[int] = []
+    floats: list[float] = []
+    for s in samples:
+        if len(s.rollout_logprobs) != len(s.response_ids):
+            raise ValueError(f"sample {s.origin}: {len(s.rollout_logprobs)} logprobs for {len(s.response_ids)} tokens")
+        ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), *s.prompt_ids, *s.response_ids]
+        floats += [s.reward, *s.rollout_logprobs]
+    return torch.tensor(ints, dtype=torch.int64), torch.tensor(floats, dtype=torch.float64)
+
+
+def _unpack(ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, int]], lengths: Lengths) -> list[Sample]:
+    ints_l, floats_l = ints.tolist(), floats.tolist()
+    out, a, b = [], 0, 0
+    for rank, index in origins:
+        p, r = lengths[rank][index]
+        if (ints_l[a], ints_l[a + 1]) != (rank, index):
+            raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a:a + 2])}")
+        finish, prompt, response = ints_l[a + 2], ints_l[a + 3 : a + 3 + p], ints_l[a + 3 + p : a + 3 + p + r]
+        out.append(Sample(prompt, response, floats_l[b + 1 : b + 1 + r], floats_l[b], FINISH_REASONS[finish],
+                          (rank, index)))
+        a, b = a + 3 + p + r, b + 1 + r
+    return out
+
+
+def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
+    pairs = [lengths[rank][i] for rank, i in origins]
+    return sum(3 + p + r for p, r in pairs), sum(1 + r for _, r in pairs)
+
+
+def exchange(world: World, samples: list[Sample], plan: Plan) -> list[Sample]:
+    """This rank's samples after the plan: kept ones plus received ones, ordered by origin."""
+    rank, requests, inbox = world.rank, [], []
+    keep = set(plan.moves(rank, rank))
+    for peer in range(world.size):
+        if peer == rank:
+            continue
+        outgoing = plan.moves(rank, peer)
+        if outgoing:
+            ints, floats = _pack([samples[i] for i in outgoing])
+            requests += [dist.isend(ints, peer, tag=0), dist.isend(floats, peer, tag=1)]
+        origins = [(peer, i) for i in plan.moves(peer, rank)]
+        if origins:
+            n_int, n_float = _message_sizes(plan.lengths, origins)
+            ints, floats = torch.empty(n_int, dtype=torch.int64), torch.empty(n_float, dtype=torch.float64)
+            requests += [dist.irecv(ints, peer, tag=0), dist.irecv(floats, peer, tag=1)]
+            inbox.append((ints, floats, origins))
+    for request in requests:
+        request.wait()
+    held = [s for i, s in enumerate(samples) if i in keep]
+    for ints, floats, origins in inbox:
+        held += _unpack(ints, floats, origins, plan.lengths)
+    return sorted(held, key=lambda s: s.origin)
+
+
+def restore_order(world: World, plan: Plan, values: torch.Tensor) -> torch.Tensor:
+    """The inverse of `exchange` for per-sample values: rows [held samples, ...] -> rows [original samples, ...].
+
+    `values` is indexed like this rank's samples after `exchange`; the result like its samples before.
+    """
+    rank, held = world.rank, plan.held_after(world.rank)
+    if values.shape[0] != len(held):
+        raise ValueError(f"{values.shape[0]} rows of values for {len(held)} held samples")
+    values = values.to(torch.float64)
+    out = torch.zeros((len(plan.lengths[rank]), *values.shape[1:]), dtype=torch.float64)
+    requests, inbox = [], []
+    for peer in range(world.size):
+        rows = [j for j, (src, _) in enumerate(held) if src == peer]
+        if peer == rank:
+            out[[held[j][1] for j in rows]] = values[rows]
+            continue
+        if rows:
+            requests.append(dist.isend(values[rows].contiguous(), peer, tag=2))
+        back = plan.moves(rank, peer)
+        if back:
+            buffer = torch.empty((len(back), *values.shape[1:]), dtype=torch.float64)
+            requests.append(dist.irecv(buffer, peer, tag=2))
+            inbox.append((back, buffer))
+    for request in requests:
+        request.wait()
+    for back, buffer in inbox:
+        out[back] = buffer
+    return out
+
+
+def rebalance(world: World, samples: list[Sample], unit_size: int, attention_coef: float = 0.0,
+              partitioner: str = "kk", equal_count: bool = False, enabled: bool = True) -> tuple[list[Sample], Plan]:
+    """Gather lengths, plan, exchange: the one call the controller shard makes."""
+    plan = plan_rebalance(gather_lengths(world, samples), unit_size, attention_coef, partitioner, equal_count,
+                          enabled)
+    return exchange(world, samples, plan), plan
