@@ -28,6 +28,7 @@ from yatt.data.stream import PromptStream
 from yatt.distributed import World
 from yatt.engines.base import SamplingSpec
 from yatt.genrm.judge import Judge
+from yatt.placement.metrics import device_metrics, judge_metrics, maxed, pool_metrics, summed
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
 from yatt.placement.services import ROLLOUT, EngineServices, judge_role
@@ -267,48 +268,28 @@ class ControllerShard:
             metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
         return metrics
 
-    def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer, busy_before: dict[str, float],
-                           restarted: int) -> dict[str, float]:
-        """Per-device time per role and idle fraction; judge throughput and queue; the next generation split."""
+    def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer,
+                           busy_before: dict[str, float], restarted: int) -> dict[str, float]:
+        """Per-device time per role and idle fraction, judge throughput and queue; picks the next split."""
         busy = {role: max(0.0, s - busy_before.get(role, 0.0)) for role, s in self.services.busy_seconds().items()}
         rollout_busy = busy.pop(ROLLOUT, 0.0)
         judge_busy = sum(busy.values())
-        train_busy = timer.seconds.get("logprobs", 0.0) + timer.seconds.get("update", 0.0)
-        step_s = sum(timer.seconds.values())
+        train_busy = timer.seconds["logprobs"] + timer.seconds["update"]
         owned = self.placement.take_metrics()
-        roles, size, rank = ("rollout", "genrm", "train"), self.world.size, self.world.rank
-        per_device = [0.0] * (size * (len(roles) + 1))
-        for i, role in enumerate(roles):
-            per_device[rank * (len(roles) + 1) + i] = owned.get(f"placement/owned_{role}_s", 0.0)
-        per_device[rank * (len(roles) + 1) + len(roles)] = max(0.0, 1.0 - (rollout_busy + judge_busy + train_busy) / step_s)
-        agree = [sum((r.judge_scores[n] > j.cfg.verdict.pass_threshold) == (r.rule_score >= 1.0) for r in rollouts)
-                 for n, j in self.judges.items()]
-        local = [rollout_busy, judge_busy, float(gen.judged), float(gen.unparseable), float(len(rollouts)),
-                 *agree, *gen.pools.values()] + per_device
-        summed = self.world.sum(local)
-        maxes = self.world.max([float(gen.max_judge_queue), owned["placement/switch_s"], gen.judge_tail_s, gen.rollout_s])
-        rollout_work, judge_work, judged, unparseable, samples = summed[:5]
-        out = {"placement/rollout_devices": float(len(self.schedule.split.rollout)) if self.schedule.split else size,
-               "placement/genrm_devices": float(len(self.schedule.split.genrm)) if self.schedule.split else size,
-               "placement/switch_s": maxes[1], "placement/switches": owned["placement/switches"],
-               "placement/engine_restarts": float(restarted),
-               "time/rollout_phase_s": maxes[3], "time/judge_tail_s": maxes[2],
-               "load/rollout_busy_s": rollout_work, "load/genrm_busy_s": judge_work}
+        load = summed(self.world, {"load/rollout_busy_s": rollout_busy, "load/genrm_busy_s": judge_busy})
+        split = self.schedule.split
+        out = {**load, **maxed(self.world, {"placement/switch_s": owned["placement/switch_s"],
+                                            "time/rollout_phase_s": gen.rollout_s, "time/judge_tail_s": gen.judge_tail_s}),
+               "placement/switches": owned["placement/switches"], "placement/engine_restarts": float(restarted),
+               "placement/rollout_devices": float(len(split.rollout) if split else self.world.size),
+               "placement/genrm_devices": float(len(split.genrm) if split else self.world.size)}
+        out.update(device_metrics(self.world, owned, rollout_busy + judge_busy + train_busy, sum(timer.seconds.values())))
         if self.judges:
-            repeats = sum(j.cfg.repeats for j in self.judges.values()) / len(self.judges)
-            out.update({"genrm/judged": judged, "genrm/judged_per_busy_s": judged / max(judge_work, 1e-9),
-                        "genrm/unparseable_frac": unparseable / max(judged * repeats, 1.0),
-                        "genrm/max_queue": maxes[0]})
-            out.update({f"genrm/{n}/agree_with_rule": a / samples for n, a in zip(self.judges, summed[5:5 + len(agree)])})
-            out.update(dict(zip(gen.pools, summed[5 + len(agree):5 + len(agree) + len(gen.pools)])))
-        idle = []
-        for r in range(size):
-            block = summed[len(summed) - len(per_device) + r * (len(roles) + 1):][:len(roles) + 1]
-            out.update({f"device{r}/owned_{role}_s": block[i] for i, role in enumerate(roles)})
-            out[f"device{r}/idle_frac"] = block[-1]
-            idle.append(block[-1])
-        out["placement/idle_frac_mean"] = sum(idle) / size
-        self.schedule.observe(rollout_work, judge_work)  # every rank sees the same sums, so all agree on the split
+            out.update(judge_metrics(self.world, self.judges, rollouts, gen.judged, gen.unparseable,
+                                     judge_busy, gen.max_judge_queue))
+        out.update(pool_metrics(self.world, gen.pools, list(self.judges)))
+        # every rank saw the same sums, so all choose the same split for the next step
+        self.schedule.observe(load["load/rollout_busy_s"], load["load/genrm_busy_s"])
         return out
 
     # ---- evaluation, export, shutdown ---------------------------------------------------------

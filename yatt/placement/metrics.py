@@ -1,0 +1,62 @@
+"""Per-step placement metrics: how long each device served each role, how idle it was, and how the
+judges kept up. Every function reduces over ranks, so every rank must call it with the same keys."""
+
+from __future__ import annotations
+
+from yatt.distributed import World
+
+ROLES = ("rollout", "genrm", "train")
+
+
+def summed(world: World, values: dict[str, float]) -> dict[str, float]:
+    return dict(zip(values, world.sum(list(values.values()))))
+
+
+def maxed(world: World, values: dict[str, float]) -> dict[str, float]:
+    return dict(zip(values, world.max(list(values.values()))))
+
+
+def device_metrics(world: World, owned: dict[str, float], busy_s: float, step_s: float) -> dict[str, float]:
+    """device{r}/owned_{role}_s and device{r}/idle_frac for every device: a W x 4 table, one all-reduce.
+
+    Idle is the part of the step in which the device computed nothing: not stepping an engine, not
+    training; e.g. a rollout device waiting for the slowest group, or any device waiting on a barrier.
+    """
+    table = {f"device{r}/{key}": 0.0 for r in range(world.size)
+             for key in [*(f"owned_{role}_s" for role in ROLES), "idle_frac"]}
+    me = f"device{world.rank}"
+    for role in ROLES:
+        table[f"{me}/owned_{role}_s"] = owned.get(f"placement/owned_{role}_s", 0.0)
+    table[f"{me}/idle_frac"] = min(1.0, max(0.0, 1.0 - busy_s / max(step_s, 1e-9)))
+    out = summed(world, table)
+    out["placement/idle_frac_mean"] = sum(out[f"device{r}/idle_frac"] for r in range(world.size)) / world.size
+    return out
+
+
+POOL_EVENTS = ("rerouted", "respawned", "duplicates_dropped")
+
+
+def pool_metrics(world: World, pools: dict[str, float], judge_names) -> dict[str, float]:
+    """Requests re-routed from dead engines, engines respawned and late duplicates dropped, per pool kind."""
+    keys = [f"{kind}/{event}" for kind in ["rollout", *(f"genrm/{n}" for n in judge_names)] for event in POOL_EVENTS]
+    return summed(world, {k: pools.get(k, 0.0) for k in keys})  # fixed keys: a rank may have had no pools
+
+
+def judge_metrics(world: World, judges: dict, rollouts: list, judged: int, unparseable: int,
+                  judge_busy_s: float, max_queue: int) -> dict[str, float]:
+    """Throughput (judged responses per busy judge-second), unreadable verdicts, queue depth, and
+    agreement of each judge with the rule verifier."""
+    local = {"genrm/judged": float(judged), "unparseable": float(unparseable), "judge_busy": judge_busy_s,
+             "samples": float(len(rollouts))}
+    for name, judge in judges.items():
+        threshold = judge.cfg.verdict.pass_threshold
+        local[f"genrm/{name}/agree_with_rule"] = float(sum(
+            (r.judge_scores[name] > threshold) == (r.rule_score >= 1.0) for r in rollouts))
+    s = summed(world, local)
+    repeats = sum(j.cfg.repeats for j in judges.values()) / len(judges)
+    out = {"genrm/judged": s["genrm/judged"],
+           "genrm/judged_per_busy_s": s["genrm/judged"] / max(s["judge_busy"], 1e-9),
+           "genrm/unparseable_frac": s["unparseable"] / max(s["genrm/judged"] * repeats, 1.0),
+           "genrm/max_queue": world.max([float(max_queue)])[0]}
+    out.update({k: v / max(s["samples"], 1.0) for k, v in s.items() if k.endswith("agree_with_rule")})
+    return out
