@@ -6,7 +6,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.yatt-setup
 export OMP_NUM_THREADS := 1
 
-.PHONY: setup quickstart test test-all clean
+PLACEMENT ?= partial
+
+.PHONY: setup quickstart quickstart-genrm test test-all clean
 
 setup: $(STAMP)
 
@@ -18,6 +20,13 @@ quickstart: setup
 	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
 	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml --placement full
 
+# The quickstart with a generative reward model: also builds the tiny judge once (launch/sft.py skips
+# a model folder that exists). PLACEMENT=full runs rollout, GenRM and training one after the other.
+quickstart-genrm: setup
+	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
+	$(PY) launch/sft.py --config configs/sft_judge.yaml
+	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_genrm.yaml --placement $(PLACEMENT)
+
 test: setup
 	$(PY) -m pytest -q -m "not slow"
 
@@ -25,4 +34,4 @@ test-all: setup
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf runs models/quickstart-policy
+	rm -rf runs models/quickstart-policy models/quickstart-judge

@@ -47,8 +47,10 @@ def scaled_eos_model(folder: Path, seed: int, eos_scale: float, positions: int) 
 
 
 def long_tail_config(work: Path, steps: int) -> Path:
-    policy = scaled_eos_model(work / "policy", seed=11, eos_scale=6.0, positions=128)
-    judge = scaled_eos_model(work / "judge", seed=12, eos_scale=0.0, positions=128)
+    # eos x10: half the responses stop within 5 tokens, 1 in 10 runs past 22, 1 in 100 past 118 (measured
+    # with HF sampling); the judge never stops early, so each verdict costs 12 decode steps.
+    policy = scaled_eos_model(work / "policy", seed=11, eos_scale=10.0, positions=160)
+    judge = scaled_eos_model(work / "judge", seed=12, eos_scale=0.0, positions=160)
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "addition"}
             for a in range(100, 140) for b in range(100, 140)]
     (work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -56,14 +58,14 @@ def long_tail_config(work: Path, steps: int) -> Path:
     config.write_text(f"""
 model: {{path: {policy}}}
 data: {{train: {{kind: jsonl, files: [{work / 'train.jsonl'}]}}, prompts_per_step: 32, max_prompt_tokens: 8}}
-rollout: {{group_size: 8, max_new_tokens: 48, engine: {{max_num_seqs: 256, kv_cache_gib: 0.5}}}}
+rollout: {{group_size: 8, max_new_tokens: 128, engine: {{max_num_seqs: 256, kv_cache_gib: 0.5}}}}
 reward:
   kind: genrm_with_rule
   judges:
     - name: judge
       model: {judge}
       template: "{{question}}{{reference}}:{{response}}?"
-      max_tokens: 24
+      max_tokens: 12
       engine: {{max_num_seqs: 256, kv_cache_gib: 0.5}}
 trainer: {{lr: 1.0e-4, micro_batch_size: 64}}
 run: {{steps: {steps}, eval_every: 0, export_policy: false, output_dir: {work / 'runs'}}}
