@@ -8,10 +8,12 @@ first evaluation whose greedy exact-match accuracy reaches `stop_at_accuracy`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,11 +34,14 @@ class SFTConfig(BaseModel):
     sft_file: Path = Field(description="JSONL rows (prompt, answer) to train on.")
     eval_file: Path = Field(description="Held-out JSONL rows for the greedy exact-match accuracy.")
     output_dir: Path = Field(description="Hugging Face model folder to write (replaced atomically).")
-    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate (constant after warm-up).")
+    lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
     grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this value (None: no clipping).")
     warmup_steps: int = Field(100, ge=0, description="Steps of linear learning-rate warm-up from 0.")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="After warm-up: constant, or cosine "
+                                                       "decay to min_lr_ratio * lr at max_steps.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: the final learning rate as a fraction of lr.")
     batch_size: int = Field(64, gt=0, description="Rows per optimizer step.")
     max_steps: int = Field(2000, gt=0, description="Stop after this many steps even if the accuracy is not reached.")
     eval_every: int = Field(25, gt=0, description="Steps between evaluations while accuracy is below `eval_often_above`.")
@@ -105,6 +110,15 @@ def evaluate(model, tokenizer, rows: list[dict], max_new_tokens: int, batch_size
     return correct / max(len(rows), 1)
 
 
+def lr_factor(cfg: SFTConfig, step: int) -> float:
+    """Linear warm-up, then constant or cosine decay to min_lr_ratio at max_steps."""
+    warm = min(1.0, (step + 1) / max(cfg.warmup_steps, 1))
+    if cfg.lr_schedule == "constant" or step < cfg.warmup_steps:
+        return warm
+    progress = min(1.0, (step - cfg.warmup_steps) / max(cfg.max_steps - cfg.warmup_steps, 1))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def sft_loss(model, ids: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
     logits = model(input_ids=ids, attention_mask=(ids != pad_id).long()).logits
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
@@ -142,8 +156,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
     log(f"sft: {params:,} params, {len(train_rows)} training rows, {len(stop_rows)} eval rows for the stop check")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
-    warmup = max(cfg.warmup_steps, 1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
     gen = torch.Generator().manual_seed(cfg.seed)
     order, cursor = torch.randperm(len(ids), generator=gen), 0
 

@@ -95,6 +95,9 @@ class ControllerShard:
         busy_before = self.services.busy_seconds()
         self._rounds: list[GenerationStats] = []
         rollouts, sampling_metrics = self._generate_and_reward(step, timer)
+        if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
+            with timer("generate"):
+                self.world.barrier()
         with timer("balance"):
             samples, plan = self._rebalance(rollouts)
         with self.placement.own("train"):
@@ -140,10 +143,8 @@ class ControllerShard:
         lanes = {name: JudgeLane(j, self.services.pool(judge_role(name), split.genrm))
                  for name, j in self.judges.items()}
         with self.placement.own(split.role_of(self.world.rank)):
-            result = generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
-                                        self.services.pool(ROLLOUT, split.rollout), lanes, stream=True, **common)
-            self.world.barrier()  # a GenRM device serves until every controller has its verdicts
-        return result
+            return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
+                                      self.services.pool(ROLLOUT, split.rollout), lanes, stream=True, **common)
 
     def _generate_and_reward(self, step: int, timer: StageTimer) -> tuple[list[Rollout], dict[str, float]]:
         """This step's scored groups: one round of prompts_per_rank, or dynamic sampling's kept groups."""
