@@ -26,7 +26,7 @@ def test_yes_no_malformed_is_unreadable(output):
 
 
 def test_yes_no_custom_values():
-    v = YesNoVerdict(yes=1.0, no=-1.0)
+    v = YesNoVerdict(yes_score=1.0, no_score=-1.0)
     assert v.parse("no") == -1.0 and v.parse("yes") == 1.0 and v.pass_threshold == 0.0
 
 
@@ -92,3 +92,12 @@ def test_mix_errors():
         mix_rewards("genrm", None, {"a": torch.ones(2)}, {})
     with pytest.raises(ValueError, match="positive"):
         mix_rewards("genrm", None, {"a": torch.ones(2)}, {"a": 0.0})
+
+
+def test_yes_no_verdict_from_yaml():
+    """`yes:`/`no:` keys would be booleans in YAML; the fields are yes_score/no_score."""
+    import yaml
+    from yatt.genrm.config import VerdictConfig
+    from pydantic import TypeAdapter
+    v = TypeAdapter(VerdictConfig).validate_python(yaml.safe_load("{kind: yes_no, yes_score: 1, no_score: -1}"))
+    assert v.parse("no") == -1.0

@@ -16,7 +16,7 @@ _WORD = re.compile(r"[A-Za-z]+")
 
 
 class YesNoVerdict(BaseModel):
-    """The verdict is the first word of the output: yes -> `yes`, no -> `no` (case-insensitive).
+    """The verdict is the first word of the output: yes -> `yes_score`, no -> `no_score` (case-insensitive).
 
     An output whose first word is neither, or that also contains the opposite word (e.g.
     "No, wait, yes"), is unreadable: a hedged verdict is not a verdict.
@@ -24,8 +24,9 @@ class YesNoVerdict(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["yes_no"] = "yes_no"
-    yes: float = Field(1.0, description="Score of a Yes verdict.")
-    no: float = Field(0.0, description="Score of a No verdict (e.g. -1 for a symmetric +1/-1 reward).")
+    # Not named `yes`/`no`: YAML reads those keys as booleans.
+    yes_score: float = Field(1.0, description="Score of a Yes verdict.")
+    no_score: float = Field(0.0, description="Score of a No verdict (e.g. -1 for a symmetric +1/-1 reward).")
 
     def parse(self, output: str) -> float | None:
         words = [w.lower() for w in _WORD.findall(output)]
@@ -34,12 +35,12 @@ class YesNoVerdict(BaseModel):
         other = "no" if words[0] == "yes" else "yes"
         if other in words[1:]:
             return None
-        return self.yes if words[0] == "yes" else self.no
+        return self.yes_score if words[0] == "yes" else self.no_score
 
     @property
     def pass_threshold(self) -> float:
         """Scores above this count as "judged correct" (for agreement with the rule verifier)."""
-        return (self.yes + self.no) / 2
+        return (self.yes_score + self.no_score) / 2
 
 
 class ScoreVerdict(BaseModel):
