@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 from transformers import AutoTokenizer
 
+from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.algorithms import get_advantage_estimator, kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.config import ExperimentConfig
 from yatt.controllers.objective import policy_objective
@@ -45,6 +46,10 @@ class StageTimer:
 
 
 class ControllerShard:
+    # Components whose state is the same on every rank (DDP keeps weights and AdamW state in lockstep):
+    # a checkpoint stores them once, from rank 0; every other component is stored per rank.
+    REPLICATED = ("trainer",)
+
     def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path):
         self.cfg, self.world = cfg, world
         self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.path))
@@ -70,6 +75,7 @@ class ControllerShard:
         self.greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=cfg.rollout.max_new_tokens,
                                    stop_token_ids=[eos], logprobs=False)
         self.samples_trained = 0
+        self.last_step = 0
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -101,6 +107,7 @@ class ControllerShard:
         with timer("sync"), self.placement.own("rollout"):
             self.engine.update_weights(self.trainer.named_weights())
         self.samples_trained += len(rollouts)
+        self.last_step = step
         return self._step_metrics(rollouts, batch, entropy, ref_lp, update, timer)
 
     def _token_batch(self, rollouts: list[Rollout]) -> TokenBatch:
@@ -184,6 +191,25 @@ class ControllerShard:
         metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
         metrics.update(self.placement.take_metrics())
         return metrics
+
+    # ---- checkpoint state ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, dict]:
+        """Everything resuming needs, as named component states (live references; yatt.checkpoint copies
+        them). A new stateful component (e.g. a dynamic-sampling queue) adds one key here and in
+        load_state_dict. The reference model is not saved: it is frozen at model.path."""
+        return {"trainer": self.trainer.state_dict(), "train_stream": self.train_stream.state_dict(),
+                "rng": rng_state(), "progress": {"step": self.last_step, "samples_trained": self.samples_trained}}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
+        self.trainer.load_state_dict(state["trainer"])
+        self.train_stream.load_state_dict(state["train_stream"])
+        self.last_step = state["progress"]["step"]
+        self.samples_trained = state["progress"]["samples_trained"]
+        with self.placement.own("rollout"):
+            self.engine.update_weights(self.trainer.named_weights())
+        self.placement.take_metrics()  # the load's timing is not the first step's
+        set_rng_state(state["rng"])
 
     # ---- evaluation, export, shutdown ---------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
