@@ -18,8 +18,8 @@ from yatt.checkpoint.fingerprint import config_fingerprint
 from yatt.checkpoint.manifest import CheckpointError
 from yatt.checkpoint.resume import check_compatible, find_resume, load_part
 from yatt.checkpoint.snapshot import Snapshot, snapshot
-from yatt.checkpoint.writer import CheckpointWriter, SaveJob, complete_checkpoints, remove_dir, remove_stale,
-                                    step_dir_name
+from yatt.checkpoint.writer import (CheckpointWriter, SaveJob, complete_checkpoints, remove_dir, remove_stale,
+                                   step_dir_name)
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
 
@@ -58,12 +58,6 @@ class Checkpointer:
         self.root = Path(cfg.checkpoint.dir or cfg.run.run_dir / "checkpoints")
         self.fingerprint = config_fingerprint(cfg, world.size)
         token = world.broadcast_object(secrets.token_hex(4))  # one staging-dir token per launch, all ranks
-        if world.is_main:
-            self.root.mkdir(parents=True, exist_ok=True)
-            stale = remove_stale(self.root)
-            if stale:
-                print(f"checkpoint: removed unfinished writes of an earlier launch: {', '.join(stale)}", flush=True)
-        world.barrier()
         ck = cfg.checkpoint
         self.writer = CheckpointWriter(self.root, world.rank, world.size, token, ck.keep, ck.async_write,
                                        ck.debug_write_delay_s)
@@ -92,8 +86,13 @@ class Checkpointer:
         return None if answer is None else (Path(answer[0]), answer[1])
 
     def discard_newer(self, step: int) -> None:
-        """Checkpoints after the resume point belong to an abandoned timeline; `auto` must never pick them."""
+        """Before the first save: delete unfinished writes of earlier launches, and checkpoints after the
+        resume point (an abandoned timeline, which `auto` must never pick later)."""
         if self.world.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            stale = remove_stale(self.root)
+            if stale:
+                print(f"checkpoint: removed unfinished writes of an earlier launch: {', '.join(stale)}", flush=True)
             for s, folder in complete_checkpoints(self.root):
                 if s > step:
                     print(f"checkpoint: removing {folder.name}, newer than the resume point (step {step})",
