@@ -24,7 +24,7 @@ def main() -> int:
     parser.add_argument("--resume", default="none", metavar="auto|PATH|none",
                         help="auto: newest complete checkpoint of the run (fresh start if none); PATH: that one")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # options may come after key=value overrides
 
     try:  # every rank validates, so a bad config stops the job before any process group or engine exists
         cfg = load_experiment(args.config, args.overrides, args.placement)
