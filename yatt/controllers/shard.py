@@ -15,8 +15,8 @@ from typing import Iterator
 import torch
 from transformers import AutoTokenizer
 
-from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.algorithms import get_advantage_estimator, kl_estimate, kl_penalized_rewards, masked_sum
+from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.config import ExperimentConfig
 from yatt.controllers.objective import policy_objective
 from yatt.controllers.rollouts import Rollout, encode_prompts, generate_rollouts, sample_seed, score_rollouts
