@@ -143,3 +143,44 @@ def test_metrics_are_cut_back_to_the_checkpoint(tmp_path):
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(6)))
     assert [r["step"] for r in keep_metrics_until(path, 3)] == [0, 1, 2, 3]
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_export_hf_writes_a_loadable_policy_listed_in_the_manifest(tmp_path):
+    from functools import partial
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from yatt.checkpoint.export import export_hf
+    from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
+    src = write_tiny_model(tmp_path / "m", TinyModelConfig(alphabet="0123456789", hidden_size=16,
+                                                           intermediate_size=32, num_hidden_layers=1,
+                                                           num_attention_heads=2, num_key_value_heads=1))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(src), AutoTokenizer.from_pretrained(src)
+    snap = snapshot({"trainer": {"model": dict(model.named_parameters())}})
+    export = partial(export_hf, snap=snap, hf_config=model.config, tokenizer=tokenizer)
+    writer = CheckpointWriter(tmp_path / "ck", 0, 1, "t", keep=1)
+    (tmp_path / "ck").mkdir()
+    writer.submit(SaveJob(1, {"shared": snap}, export=export))
+    writer.wait()
+    manifest = verify(tmp_path / "ck" / "step-00000001")
+    assert {"policy/model.safetensors", "policy/config.json"} <= set(manifest["files"])
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "step-00000001" / "policy")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+
+
+def test_preemption_signal_only_sets_a_flag():
+    import os
+    import signal
+
+    from yatt.checkpoint.checkpointer import PreemptionFlag
+    from yatt.distributed import World
+
+    flag = PreemptionFlag()
+    try:
+        world = World(0, 1, 0, torch.device("cpu"))
+        assert flag.agreed(world) == 0
+        os.kill(os.getpid(), signal.SIGUSR1)  # would end the process without the handler
+        assert flag.agreed(world) == signal.SIGUSR1
+    finally:
+        flag.restore()

@@ -15,6 +15,7 @@ No collective runs on a background thread (gloo/NCCL collectives are not thread-
 thread's): the done markers on the shared file system are the barrier. The staging name carries a
 token drawn once per launch, so markers left by a crashed launch can never complete a new save. A
 crash at any moment leaves a complete step-k or a staging dir that resume ignores.
+Every rank must see the same checkpoint root (one machine, or a shared file system across nodes).
 """
 
 from __future__ import annotations
