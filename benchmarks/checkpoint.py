@@ -6,8 +6,9 @@ For the quickstart policy and a 100M+ parameter Qwen2 (built here, random weight
 TorchTrainer takes one AdamW step (so optimizer state exists), then saves its state `--saves` times
 each way through the same snapshot + CheckpointWriter path a run uses. The stall is how long the
 training thread is blocked by a save: the host snapshot for async, snapshot + write + fsync +
-checksums + commit for sync. The ratio is of mean stalls; medians are in the JSON too. For async it also reports how long the background write took after the
-stall, and a training step's time alone vs while a write runs (the cost of sharing the CPU).
+checksums + commit for sync. The ratio is of mean stalls (medians are in the JSON too). For async it
+also reports how long the background write took after the stall, and a training step's time alone vs
+while a write runs (the cost of sharing the CPU with the writer).
 """
 
 from __future__ import annotations
@@ -94,7 +95,8 @@ def main() -> int:
           f"{'async/sync':>11} {'bg write s':>11} {'step alone/during write s':>27}")
     for r in results:
         a = r["async"]
-        print(f"{r['model']:<12} {r['params']:>12,} {r['state_bytes'] / 2**20:>9.1f} {r['sync']['stall_mean_s']:>13.3f} "
+        print(f"{r['model']:<12} {r['params']:>12,} {r['state_bytes'] / 2**20:>9.1f} "
+              f"{r['sync']['stall_mean_s']:>13.3f} "
               f"{a['stall_mean_s']:>14.3f} {r['async_over_sync']:>11.3f} {a['write_after_stall_s']:>11.3f} "
               f"{r['train_step_alone_s']:>13.3f} / {a['train_step_during_write_s']:.3f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -140,7 +140,8 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninte
     for want, have in zip(expected, got):
         assert want == have, {k: (want.get(k), have.get(k)) for k in set(want) | set(have)
                               if want.get(k) != have.get(k)}
-    a, b = load_file(uninterrupted / "policy" / "model.safetensors"), load_file(run_dir / "policy" / "model.safetensors")
+    a = load_file(uninterrupted / "policy" / "model.safetensors")
+    b = load_file(run_dir / "policy" / "model.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
