@@ -111,8 +111,9 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninte
     run_dir = tmp / "chain" / "r"
     ckpts = run_dir / "checkpoints"
 
-    # 1. SIGTERM (a preemption) after step 2: the ranks finish their step, save and exit cleanly
-    proc = launch(tmp, config, "chain")
+    # 1. SIGTERM (a preemption) after step 2: the ranks finish their step, save and exit cleanly. Slow writes
+    #    make step 4 wait for step 2's checkpoint, so the signal surely lands before the last step.
+    proc = launch(tmp, config, "chain", "checkpoint.debug_write_delay_s=0.5")
     wait_for(proc, lambda: max(logged_steps(run_dir), default=0) >= 2)
     proc.send_signal(signal.SIGTERM)
     out = finish(proc)
