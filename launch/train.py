@@ -1,6 +1,7 @@
 """Launch an RL run: one process per device, each a controller shard.
 
-    torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml --placement full [key.sub=value ...]
+    torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml --placement full \
+        [--resume auto|PATH|none] [key.sub=value ...]
 """
 
 import argparse
@@ -20,8 +21,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="yatt RL training (run under torchrun)")
     parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/quickstart.yaml")
     parser.add_argument("--placement", choices=["full", "partial"], help="shortcut for placement.mode")
+    parser.add_argument("--resume", default="none", metavar="auto|PATH|none",
+                        help="auto: newest complete checkpoint of the run (fresh start if none); PATH: that one")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()  # options may come after key=value overrides
 
     try:  # every rank validates, so a bad config stops the job before any process group or engine exists
         cfg = load_experiment(args.config, args.overrides, args.placement)
@@ -31,12 +34,13 @@ def main() -> int:
             print(f"error: {err}", file=sys.stderr)
         return 2
 
-    from yatt.controllers.run import run_experiment  # heavy imports only once the config is good
+    from yatt.checkpoint import CheckpointError  # heavy imports only once the config is good
+    from yatt.controllers.run import run_experiment
 
     world = init_world()
     try:
-        run_experiment(cfg, world)
-    except DataError as err:
+        run_experiment(cfg, world, args.resume)
+    except (DataError, CheckpointError) as err:
         print(f"error (rank {world.rank}): {err}", file=sys.stderr)
         return 2
     finally:

@@ -167,6 +167,21 @@ class PlacementConfig(Section):
     load_smoothing: float = Field(0.5, ge=0.0, lt=1.0, description="partial: EMA factor of the measured load.")
 
 
+class CheckpointConfig(Section):
+    """Asynchronous, crash-consistent checkpoints (yatt.checkpoint); SIGTERM/SIGUSR1 always save."""
+
+    every: int = Field(0, ge=0, description="Save every N steps, right after the weight sync (0: off; "
+                                            "preemption signals still save).")
+    keep: int = Field(3, gt=0, description="Keep the newest K complete checkpoints; older ones are deleted.")
+    async_write: bool = Field(True, description="Write in a background thread; training only waits for the "
+                                                "host-memory snapshot. false: block until the files are on disk.")
+    export_hf: bool = Field(False, description="Also write the policy as a Hugging Face folder (policy/) "
+                                               "inside each checkpoint.")
+    dir: Path | None = Field(None, description="Where checkpoints go; default run_dir/checkpoints.")
+    debug_write_delay_s: float = Field(0.0, ge=0.0, description="Test-only fault injection: sleep this long "
+                                                               "after each file written, to widen the crash window.")
+
+
 class RunConfig(Section):
     name: str = "run"
     output_dir: Path = Field(Path("runs"), description="The run directory is output_dir/name.")
@@ -190,6 +205,7 @@ class ExperimentConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     balance: BalanceConfig = Field(default_factory=BalanceConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")

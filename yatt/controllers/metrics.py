@@ -49,3 +49,18 @@ class MetricsLogger:
     def close(self) -> None:
         if self._file:
             self._file.close()
+
+
+def keep_metrics_until(path: Path, step: int) -> list[dict]:
+    """Keep the records of steps <= `step` (a resumed run continues from there) and return them.
+
+    A crash can leave lines for steps after the checkpoint, which the resumed run logs again.
+    """
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in records if r["step"] <= step]
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+    return kept

@@ -1,37 +1,63 @@
-"""A whole run: set up the shard, evaluate, step, evaluate, export the policy, write summary.json."""
+"""A whole run: set up the shard (or resume it), evaluate, step, save checkpoints, export, summarise."""
 
 from __future__ import annotations
 
 import json
+import signal
 import time
+from functools import partial
 
 import torch
 
+from yatt.checkpoint.checkpointer import Checkpointer, PreemptionFlag
+from yatt.checkpoint.export import export_hf
 from yatt.config import ExperimentConfig
 from yatt.config_loading import dump_config
-from yatt.controllers.metrics import MetricsLogger
+from yatt.controllers.metrics import MetricsLogger, keep_metrics_until
 from yatt.controllers.shard import ControllerShard
 from yatt.distributed import World
 
 
-def run_experiment(cfg: ExperimentConfig, world: World) -> dict:
+def _evals(records: list[dict]) -> tuple[dict, dict]:
+    """Start and latest eval metrics of the logged history (a resumed run does not redo them)."""
+    evals = [{k: v for k, v in r.items() if k.startswith("eval/")} for r in records if "eval/accuracy" in r]
+    return (evals[0], evals[-1]) if evals else ({}, {})
+
+
+def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "none") -> dict:
+    """resume: none | auto | PATH (see yatt.checkpoint.resume)."""
     torch.set_num_threads(cfg.run.threads)
     run_dir = cfg.run.run_dir
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    checkpoints = Checkpointer(cfg, world)
+    found = checkpoints.find(resume)
+    start_step = found[1] if found else 0
+    history: list[dict] = []
     if world.is_main:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+        if found:
+            history = keep_metrics_until(run_dir / "metrics.jsonl", start_step)
+            print(f"resuming from {found[0]} (step {start_step})", flush=True)
+        else:
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
-    world.barrier()
+    checkpoints.discard_newer(start_step)
 
     wall_start = time.perf_counter()
     shard = ControllerShard(cfg, world, run_dir)
+    if found:
+        checkpoints.load(found[0], shard)
+    samples_before = shard.samples_trained
+    export = partial(export_hf, hf_config=shard.trainer.engine_model.config, tokenizer=shard.tokenizer)
     log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main)
+    preemption = PreemptionFlag()
     try:
-        start_eval = shard.evaluate()
-        log.log(0, start_eval)
+        if found:
+            start_eval, end_eval = _evals(history)
+        else:
+            start_eval = end_eval = shard.evaluate()
+            log.log(0, start_eval)
         train_start = time.perf_counter()
-        end_eval = start_eval
-        for step in range(1, cfg.run.steps + 1):
+        for step in range(start_step + 1, cfg.run.steps + 1):
             step_start = time.perf_counter()
             metrics = shard.step(step)
             metrics["time/step_s"] = time.perf_counter() - step_start
@@ -39,18 +65,32 @@ def run_experiment(cfg: ExperimentConfig, world: World) -> dict:
                 end_eval = shard.evaluate()
                 metrics.update(end_eval)
             log.log(step, metrics)
+            # The cheapest point to save: after the weight sync, before the next generation.
+            signum = preemption.agreed(world)
+            if signum or checkpoints.due(step):
+                checkpoints.save(step, shard, export)
+            if signum:
+                folder = checkpoints.finish()
+                if world.is_main:
+                    print(f"received {signal.Signals(signum).name} at step {step}: checkpoint written to "
+                          f"{folder}; resume with --resume auto", flush=True)
+                return {"preempted_at_step": step, "checkpoint": str(folder)}
+        checkpoints.finish()
         train_seconds = time.perf_counter() - train_start
-        samples_trained = int(world.sum([float(shard.samples_trained)])[0])  # ranks may train different counts
+        # ranks may train different counts (dynamic sampling, rebalancing)
+        samples, since_start = world.sum([float(shard.samples_trained), float(shard.samples_trained - samples_before)])
         summary = {
             "steps": cfg.run.steps,
             "world_size": world.size,
+            "resumed_from_step": start_step,
             "start_accuracy": start_eval.get("eval/accuracy"),
             "end_accuracy": end_eval.get("eval/accuracy"),
             "eval_count": end_eval.get("eval/count"),
             "wall_seconds": round(time.perf_counter() - wall_start, 2),
             "train_seconds": round(train_seconds, 2),
-            "samples_trained": samples_trained,
-            "samples_per_second": round(samples_trained / train_seconds, 2),
+            "samples_trained": int(samples),
+            "samples_per_second": round(since_start / train_seconds, 2),
+            "checkpoint_stall_seconds": round(sum(checkpoints.stall_seconds), 3),
         }
         if cfg.run.export_policy and world.is_main:
             shard.export_policy(run_dir / "policy")
@@ -62,5 +102,6 @@ def run_experiment(cfg: ExperimentConfig, world: World) -> dict:
                   f"{summary['wall_seconds']:.0f}s; run dir {run_dir}", flush=True)
         return summary
     finally:
+        preemption.restore()
         log.close()
         shard.close()

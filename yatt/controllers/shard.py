@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 
 from yatt.algorithms import get_advantage_estimator, kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.balance.exchange import Sample, rebalance
+from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.config import ExperimentConfig
 from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
 from yatt.controllers.objective import policy_objective
@@ -55,6 +56,10 @@ class StageTimer:
 
 
 class ControllerShard:
+    # Components whose state is the same on every rank (DDP keeps weights and AdamW state in lockstep):
+    # a checkpoint stores them once, from rank 0; every other component is stored per rank.
+    REPLICATED = ("trainer",)
+
     def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path):
         self.cfg, self.world = cfg, world
         self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.path))
@@ -87,6 +92,7 @@ class ControllerShard:
         self.greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=cfg.rollout.max_new_tokens,
                                    stop_token_ids=[eos], logprobs=False)
         self.samples_trained = 0
+        self.last_step = 0
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -124,6 +130,7 @@ class ControllerShard:
         metrics = self._step_metrics(samples, batch, entropy, ref_lp, update, timer)
         metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
                                                restarted))
+        self.last_step = step
         return {**metrics, **sampling_metrics, **plan.metrics()}
 
     def _generate(self, step: int, rows, round_: int) -> tuple[list[Rollout], GenerationStats]:
@@ -292,6 +299,29 @@ class ControllerShard:
         # every rank saw the same sums, so all choose the same split for the next step
         self.schedule.observe(load["load/rollout_busy_s"], load["load/genrm_busy_s"])
         return out
+
+    # ---- checkpoint state ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, dict]:
+        """Everything resuming needs, as named component states (live references; yatt.checkpoint copies
+        them). A new stateful component adds one key here and in
+        load_state_dict. The reference model is not saved: it is frozen at model.path."""
+        return {"trainer": self.trainer.state_dict(), "train_stream": self.train_stream.state_dict(),
+                "rng": rng_state(), "progress": {"step": self.last_step, "samples_trained": self.samples_trained},
+                **({"sampler": self.sampler.state_dict()} if self.sampler else {})}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
+        self.trainer.load_state_dict(state["trainer"])
+        self.train_stream.load_state_dict(state["train_stream"])
+        self.last_step = state["progress"]["step"]
+        self.samples_trained = state["progress"]["samples_trained"]
+        if self.sampler:
+            self.sampler.load_state_dict(state["sampler"])
+        with self.placement.own("rollout"):
+            for engine in self.services.rollouts():
+                engine.update_weights(self.trainer.named_weights())
+        self.placement.take_metrics()  # the load's timing is not the first step's
+        set_rng_state(state["rng"])
 
     # ---- evaluation, export, shutdown ---------------------------------------------------------
     def evaluate(self) -> dict[str, float]:

@@ -268,6 +268,10 @@ def spawn_engine(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=engine_env(cfg, extra_env),
+            # Own session: torchrun signals a rank's whole process group on SIGTERM, and the rank must be
+            # able to finish its step and checkpoint with its engine alive. The engine still exits when
+            # its parent is gone (watch_parent in the server).
+            start_new_session=True,
         )
     try:
         assert proc.stdin is not None

@@ -161,6 +161,27 @@ class TorchTrainer:
         """Parameters under their Hugging Face names, detached, for the rollout engines."""
         return [(name, p.detach()) for name, p in self.engine_model.named_parameters()]
 
+    def state_dict(self) -> dict:
+        """Live references (no copies) to what resuming needs: weights under HF names, AdamW state, the
+        lr schedule's position. Tied weights appear once, as in named_parameters()."""
+        state: dict = {"model": dict(self.named_weights()), "optimizer_steps": self.optimizer_steps}
+        if self.trainable:
+            state.update(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict())
+        return state
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        params = dict(self.engine_model.named_parameters())
+        if set(params) != set(state["model"]):
+            missing, extra = sorted(set(params) - set(state["model"])), sorted(set(state["model"]) - set(params))
+            raise ValueError(f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
+        for name, p in params.items():
+            p.copy_(state["model"][name])
+        self.optimizer_steps = state["optimizer_steps"]
+        if self.trainable:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+
     def save_hf(self, folder: str | Path, tokenizer) -> None:
         self.engine_model.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))

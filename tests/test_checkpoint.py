@@ -1,0 +1,186 @@
+"""Checkpoint pieces without engines: snapshot round trip, the 2-rank write protocol, manifests, resume choice."""
+
+import json
+import random
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from yatt.checkpoint.manifest import CheckpointError, fingerprint_differences, verify
+from yatt.checkpoint.resume import CheckpointWarning, check_compatible, find_resume, load_part
+from yatt.checkpoint.rng import rng_state, set_rng_state
+from yatt.checkpoint.snapshot import restore, snapshot
+from yatt.checkpoint.writer import LATEST, CheckpointWriter, SaveJob, remove_stale
+from yatt.controllers.metrics import keep_metrics_until
+
+
+def save(root, step, world_size=2, keep=3, token="t0", **writer_kw):
+    """One save by `world_size` writers sharing the root, as the ranks of a run would."""
+    writers = [CheckpointWriter(root, r, world_size, token, keep, **writer_kw) for r in range(world_size)]
+    for w in reversed(writers):  # rank 0 last: its commit must wait for the other ranks' markers
+        parts = {f"rank{w.rank}": snapshot({"progress": {"step": step, "rank": w.rank}})}
+        if w.rank == 0:
+            parts["shared"] = snapshot({"weights": {"w": torch.full((64,), float(step))}})
+        w.submit(SaveJob(step, parts, {"world_size": world_size}))
+    for w in writers:
+        w.wait()
+    return root / f"step-{step:08d}"
+
+
+def test_snapshot_round_trip_keeps_types_and_copies():
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    state = {"optimizer": opt.state_dict(), "rng": rng_state(), "cursor": {"epoch": 1, "cursor": 5}}
+    snap = snapshot(state)
+    json.dumps(snap.tree)  # nothing pickled: the tree is plain JSON
+    exp_avg = opt.state[model.weight]["exp_avg"]
+    before = exp_avg.clone()
+    exp_avg.add_(1.0)  # training goes on while the writer reads the snapshot
+    back = restore(json.loads(json.dumps(snap.tree)), snap.tensors)
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], before)
+    assert back["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.999)
+    assert back["cursor"] == {"epoch": 1, "cursor": 5}
+    opt.load_state_dict(back["optimizer"])  # loads into a real optimizer
+
+
+def test_rng_state_restores_every_generator():
+    state = rng_state()
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    set_rng_state(restore(json.loads(json.dumps(snapshot({"r": state}).tree)), snapshot({"r": state}).tensors)["r"])
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_two_rank_save_commits_verifies_and_points_latest(tmp_path):
+    folder = save(tmp_path, 2)
+    manifest = verify(folder)
+    assert manifest["step"] == 2 and manifest["world_size"] == 2
+    assert set(manifest["files"]) == {"rank0.safetensors", "rank0.json", "rank1.safetensors", "rank1.json",
+                                      "shared.safetensors", "shared.json"}
+    assert (tmp_path / LATEST).read_text().strip() == "step-00000002"
+    assert load_part(folder, "rank1")["progress"] == {"step": 2, "rank": 1}
+    assert torch.equal(load_part(folder, "shared")["weights"]["w"], torch.full((64,), 2.0))
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # the staging dir was renamed
+
+
+def test_synchronous_write_and_keep_last_k(tmp_path):
+    for step in (1, 2, 3, 4):
+        save(tmp_path, step, keep=2, async_write=False)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["step-00000003", "step-00000004"]
+    assert (tmp_path / LATEST).read_text().strip() == "step-00000004"
+
+
+def test_rank0_never_commits_without_every_rank(tmp_path):
+    w0 = CheckpointWriter(tmp_path, 0, 2, "t", keep=3, commit_timeout_s=0.3)
+    w0.submit(SaveJob(5, {"rank0": snapshot({"x": {"a": 1}})}))
+    with pytest.raises(CheckpointError, match="rank 1 did not finish"):
+        w0.wait()
+    assert not (tmp_path / "step-00000005").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "missing_file", "missing_manifest"])
+def test_verify_detects_damage(tmp_path, damage):
+    folder = save(tmp_path, 1)
+    target = folder / "shared.safetensors"
+    if damage == "truncate":
+        target.write_bytes(target.read_bytes()[:-10])
+        match = "bytes, the manifest says"
+    elif damage == "flip":
+        data = bytearray(target.read_bytes())
+        data[-5] ^= 0xFF
+        target.write_bytes(bytes(data))
+        match = "corrupted"
+    elif damage == "missing_file":
+        target.unlink()
+        match = "missing"
+    else:
+        (folder / "manifest.json").unlink()
+        match = "no manifest.json"
+    with pytest.raises(CheckpointError, match=match):
+        verify(folder)
+
+
+def test_auto_resume_skips_partial_and_corrupt_with_warnings(tmp_path):
+    save(tmp_path, 2)
+    corrupt = save(tmp_path, 4)
+    (corrupt / "rank1.json").write_text("{}")
+    (tmp_path / "step-00000006.tmp-dead").mkdir()  # a crash during the write of step 6
+    with pytest.warns(CheckpointWarning) as caught:
+        folder, manifest = find_resume(tmp_path, "auto")
+    assert folder.name == "step-00000002" and manifest["step"] == 2
+    messages = [str(w.message) for w in caught]
+    assert "partial checkpoint" in messages[0] and "step-00000006" in messages[0]
+    assert "step-00000004" in messages[1] and "rank1.json" in messages[1]
+    assert find_resume(tmp_path, "none") is None
+    assert find_resume(tmp_path, str(tmp_path / "step-00000002"))[1]["step"] == 2
+    with pytest.raises(CheckpointError, match="corrupted|bytes"):
+        find_resume(tmp_path, str(corrupt))
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        find_resume(tmp_path, str(tmp_path / "nope"))
+    assert remove_stale(tmp_path) == ["step-00000006.tmp-dead"]
+
+
+def test_auto_resume_with_nothing_starts_fresh(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert find_resume(tmp_path / "absent", "auto") is None
+
+
+def test_incompatible_config_names_the_fields(tmp_path):
+    folder = save(tmp_path, 1)
+    manifest = verify(folder)
+    check_compatible(folder, manifest, {"world_size": 2})
+    with pytest.raises(CheckpointError, match=r"incompatible config.*\n  world_size: checkpoint 2, now 4"):
+        check_compatible(folder, manifest, {"world_size": 4})
+    assert fingerprint_differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == ["a.c: checkpoint 2, now 3"]
+
+
+def test_metrics_are_cut_back_to_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(6)))
+    assert [r["step"] for r in keep_metrics_until(path, 3)] == [0, 1, 2, 3]
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_export_hf_writes_a_loadable_policy_listed_in_the_manifest(tmp_path):
+    from functools import partial
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from yatt.checkpoint.export import export_hf
+    from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
+    src = write_tiny_model(tmp_path / "m", TinyModelConfig(alphabet="0123456789", hidden_size=16,
+                                                           intermediate_size=32, num_hidden_layers=1,
+                                                           num_attention_heads=2, num_key_value_heads=1))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(src), AutoTokenizer.from_pretrained(src)
+    snap = snapshot({"trainer": {"model": dict(model.named_parameters())}})
+    export = partial(export_hf, snap=snap, hf_config=model.config, tokenizer=tokenizer)
+    writer = CheckpointWriter(tmp_path / "ck", 0, 1, "t", keep=1)
+    (tmp_path / "ck").mkdir()
+    writer.submit(SaveJob(1, {"shared": snap}, export=export))
+    writer.wait()
+    manifest = verify(tmp_path / "ck" / "step-00000001")
+    assert {"policy/model.safetensors", "policy/config.json"} <= set(manifest["files"])
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "ck" / "step-00000001" / "policy")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+
+
+def test_preemption_signal_only_sets_a_flag():
+    import os
+    import signal
+
+    from yatt.checkpoint.checkpointer import PreemptionFlag
+    from yatt.distributed import World
+
+    flag = PreemptionFlag()
+    try:
+        world = World(0, 1, 0, torch.device("cpu"))
+        assert flag.agreed(world) == 0
+        os.kill(os.getpid(), signal.SIGUSR1)  # would end the process without the handler
+        assert flag.agreed(world) == signal.SIGUSR1
+    finally:
+        flag.restore()

@@ -1,0 +1,152 @@
+"""Exact resume through the launcher (torchrun, 2 ranks, vLLM engines): a run stopped by SIGTERM, resumed,
+killed with kill -9 in the middle of a background checkpoint write, and resumed again, logs the same
+per-step metrics and ends with the same weights as an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from test_train_e2e import one_digit_rows
+from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.engine
+STEPS = 6
+TIMING = ("time/", "perf/", "placement/")  # wall-clock measurements, the only fields allowed to differ
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    model = write_tiny_model(tmp / "policy0", TinyModelConfig(alphabet="0123456789+=", hidden_size=64,
+                                                              intermediate_size=128, num_hidden_layers=2,
+                                                              num_attention_heads=2, num_key_value_heads=1), seed=3)
+    train, evalset = one_digit_rows(tmp / "train.jsonl", 64), one_digit_rows(tmp / "eval.jsonl", 16)
+    config = tmp / "resume.yaml"
+    config.write_text(f"""
+model: {{path: {model}}}
+data:
+  train: {{kind: jsonl, files: [{train}]}}
+  eval: {{kind: jsonl, files: [{evalset}]}}
+  prompts_per_step: 8
+  eval_prompts: 16
+  max_prompt_tokens: 8
+rollout: {{group_size: 8, max_new_tokens: 1, engine: {{kv_cache_gib: 0.25}}}}
+algorithm: {{mini_batches: 2}}
+trainer: {{lr: 0.01, micro_batch_size: 16}}
+checkpoint: {{every: 2, keep: 2}}
+run: {{name: r, steps: {STEPS}, eval_every: 3}}
+""")
+    return tmp, config
+
+
+def launch(tmp: Path, config: Path, out: str, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             str(REPO / "launch/train.py"), "--config", str(config), f"run.output_dir={tmp / out}",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp)
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=600)
+    return out
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(proc: subprocess.Popen, condition, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("the run ended or stalled before the expected moment:\n" + finish(proc)[-3000:])
+        time.sleep(0.02)
+
+
+def process_tree(root_pid: int) -> list[int]:
+    """root_pid and all its descendants (torchrun puts each rank in its own session, so killpg misses them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def comparable(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "elapsed_s" and not k.startswith(TIMING)} for r in records]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup):
+    tmp, config = setup
+    out = finish(launch(tmp, config, "full"))
+    assert "done:" in out, out[-3000:]
+    return tmp / "full" / "r"
+
+
+def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninterrupted):
+    tmp, config = setup
+    run_dir = tmp / "chain" / "r"
+    ckpts = run_dir / "checkpoints"
+
+    # 1. SIGTERM (a preemption) after step 2: the ranks finish their step, save and exit cleanly. Slow writes
+    #    make step 4 wait for step 2's checkpoint, so the signal surely lands before the last step.
+    proc = launch(tmp, config, "chain", "checkpoint.debug_write_delay_s=0.5")
+    wait_for(proc, lambda: max(logged_steps(run_dir), default=0) >= 2)
+    proc.send_signal(signal.SIGTERM)
+    out = finish(proc)
+    assert "received SIGTERM at step" in out and "resume with --resume auto" in out, out[-3000:]
+    stopped = int(out.split("received SIGTERM at step ")[1].split(":")[0])
+    assert 2 <= stopped < STEPS and (ckpts / f"step-{stopped:08d}" / "manifest.json").is_file()
+    assert "launch/train.py\", line" not in out, out[-3000:]  # no rank failed (torchrun itself reports the signal)
+
+    # 2. resume, then kill -9 everything while the next checkpoint is being written in the background
+    proc = launch(tmp, config, "chain", "--resume", "auto", "checkpoint.debug_write_delay_s=1.0")
+    wait_for(proc, lambda: any(".tmp-" in p.name for p in ckpts.iterdir()))
+    staging = [p.name for p in ckpts.iterdir() if ".tmp-" in p.name]
+    for pid in process_tree(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    out = finish(proc)
+    assert f"resuming from {ckpts / f'step-{stopped:08d}'}" in out, out[-3000:]
+    assert all((ckpts / name).exists() for name in staging), "the kill did not land during the write"
+
+    # 3. resume again: the partial checkpoint is skipped with a warning, the run completes
+    out = finish(launch(tmp, config, "chain", "--resume", "auto"))
+    assert "warning: skipping partial checkpoint" in out and "done:" in out, out[-3000:]
+
+    assert logged_steps(run_dir) == list(range(STEPS + 1))
+    expected, got = comparable(uninterrupted), comparable(run_dir)
+    for want, have in zip(expected, got):
+        assert want == have, {k: (want.get(k), have.get(k)) for k in set(want) | set(have)
+                              if want.get(k) != have.get(k)}
+    a = load_file(uninterrupted / "policy" / "model.safetensors")
+    b = load_file(run_dir / "policy" / "model.safetensors")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_incompatible_config_is_refused_by_name(setup, uninterrupted):
+    tmp, config = setup
+    out = finish(launch(tmp, config, "full", "--resume", "auto", "trainer.lr=0.02"))
+    assert "incompatible config" in out and "trainer.lr: checkpoint 0.01, now 0.02" in out, out[-3000:]

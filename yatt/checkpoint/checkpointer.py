@@ -1,0 +1,136 @@
+"""The run loop's view of checkpoints: resume, save at step boundaries, preemption signals.
+
+Every method is called by every rank at the same point of the schedule (they may run collectives);
+the background writer itself never does (see yatt.checkpoint.writer).
+"""
+
+from __future__ import annotations
+
+import secrets
+import signal
+import time
+import warnings
+from pathlib import Path
+from functools import partial
+from typing import Any, Callable, Protocol
+
+from yatt.checkpoint.fingerprint import config_fingerprint
+from yatt.checkpoint.manifest import CheckpointError
+from yatt.checkpoint.resume import check_compatible, find_resume, load_part
+from yatt.checkpoint.snapshot import Snapshot, snapshot
+from yatt.checkpoint.writer import (CheckpointWriter, SaveJob, complete_checkpoints, remove_dir, remove_stale,
+                                   step_dir_name)
+from yatt.config import ExperimentConfig
+from yatt.distributed import World
+
+
+class Stateful(Protocol):
+    REPLICATED: tuple[str, ...]
+
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class PreemptionFlag:
+    """SIGTERM/SIGUSR1 only set a flag; the run loop acts on it at the next step boundary."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def agreed(self, world: World) -> int:
+        """The signal any rank received (0: none); every rank gets the same answer, so all stop together."""
+        return int(world.max([float(self.signum)])[0])
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+class Checkpointer:
+    def __init__(self, cfg: ExperimentConfig, world: World):
+        self.cfg, self.world = cfg, world
+        self.root = Path(cfg.checkpoint.dir or cfg.run.run_dir / "checkpoints")
+        self.fingerprint = config_fingerprint(cfg, world.size)
+        token = world.broadcast_object(secrets.token_hex(4))  # one staging-dir token per launch, all ranks
+        ck = cfg.checkpoint
+        self.writer = CheckpointWriter(self.root, world.rank, world.size, token, ck.keep, ck.async_write,
+                                       ck.debug_write_delay_s)
+        self.saved_step = -1
+        self.stall_seconds: list[float] = []
+
+    # ---- resume --------------------------------------------------------------------------------
+    def find(self, mode: str) -> tuple[Path, int] | None:
+        """(checkpoint dir, step) chosen and verified by rank 0 for every rank, or None to start fresh."""
+        answer: Any = None
+        if self.world.is_main:
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    found = find_resume(self.root, mode)
+                for w in caught:
+                    print(f"warning: {w.message}", flush=True)
+                if found is not None:
+                    check_compatible(found[0], found[1], self.fingerprint)
+                    answer = (str(found[0]), int(found[1]["step"]))
+            except CheckpointError as err:
+                answer = f"error: {err}"
+        answer = self.world.broadcast_object(answer)
+        if isinstance(answer, str):
+            raise CheckpointError(answer.removeprefix("error: "))
+        return None if answer is None else (Path(answer[0]), answer[1])
+
+    def discard_newer(self, step: int) -> None:
+        """Before the first save: delete unfinished writes of earlier launches, and checkpoints after the
+        resume point (an abandoned timeline, which `auto` must never pick later)."""
+        if self.world.is_main:
+            self.root.mkdir(parents=True, exist_ok=True)
+            stale = remove_stale(self.root)
+            if stale:
+                print(f"checkpoint: removed unfinished writes of an earlier launch: {', '.join(stale)}", flush=True)
+            for s, folder in complete_checkpoints(self.root):
+                if s > step:
+                    print(f"checkpoint: removing {folder.name}, newer than the resume point (step {step})",
+                          flush=True)
+                    remove_dir(folder)
+        self.world.barrier()
+
+    def load(self, folder: Path, target: Stateful) -> None:
+        state = load_part(folder, f"rank{self.world.rank}")
+        state.update(load_part(folder, "shared"))
+        target.load_state_dict(state)
+        self.saved_step = state["progress"]["step"]
+
+    # ---- save ----------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.every
+        return bool(every) and step % every == 0
+
+    def save(self, step: int, source: Stateful, export: Callable[[Path, Snapshot], None] | None = None) -> float:
+        """Snapshot now, write in the background; returns the seconds training was blocked."""
+        start = time.perf_counter()
+        self.writer.wait()  # the previous write, normally long finished: one write in flight at a time
+        state = source.state_dict()
+        shared = {k: state.pop(k) for k in source.REPLICATED}
+        parts = {f"rank{self.world.rank}": snapshot(state)}
+        if self.world.is_main:
+            parts["shared"] = snapshot(shared)
+        export_fn = None
+        if self.cfg.checkpoint.export_hf and self.world.is_main and export is not None:
+            export_fn = partial(export, snap=parts["shared"])
+        self.writer.submit(SaveJob(step, parts, self.fingerprint, export_fn))
+        self.saved_step = step
+        stall = time.perf_counter() - start
+        self.stall_seconds.append(stall)
+        return stall
+
+    def finish(self) -> Path:
+        """Wait until the last save is on disk on every rank and committed; its directory."""
+        self.writer.wait()
+        self.world.barrier()  # rank 0's wait includes the commit, which needs every rank's files
+        return self.root / step_dir_name(self.saved_step)

@@ -1,0 +1,32 @@
+"""The config fields a checkpoint must agree on to be resumed.
+
+Resuming continues the same run: what determines the model's shape, the data order, the samples
+drawn and the update must be equal. Everything else may differ, e.g. run.steps (extend a run),
+eval settings, run.name/output_dir, threads, checkpoint settings, trainer.micro_batch_size/_tokens
+(change only the summation order), balance, placement and engine tuning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from yatt.config import ExperimentConfig
+
+
+def config_fingerprint(cfg: ExperimentConfig, world_size: int) -> dict[str, Any]:
+    arch = (cfg.model.path / "config.json").read_bytes()
+    fields = {
+        "world_size": world_size,
+        "model": {"path": str(cfg.model.path), "config_json_blake2b": hashlib.blake2b(arch).hexdigest()[:32]},
+        "data": cfg.data.model_dump(mode="json", include={"train", "prompts_per_step", "max_prompt_tokens",
+                                                          "shuffle"}),
+        "rollout": cfg.rollout.model_dump(mode="json", include={"group_size", "temperature", "top_p",
+                                                                "max_new_tokens"}),
+        "reward": cfg.reward.model_dump(mode="json", exclude={"judges": {"__all__": {"engine"}}}),
+        "algorithm": cfg.algorithm.model_dump(mode="json"),
+        "trainer": cfg.trainer.model_dump(mode="json", exclude={"micro_batch_size", "micro_batch_tokens"}),
+        "run": {"seed": cfg.run.seed},
+    }
+    return json.loads(json.dumps(fields))  # tuples -> lists, as they come back from the manifest
