@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from yatt.balance.exchange import Sample, exchange, gather_lengths, plan_rebalance, rebalance, restore_order
+from yatt.balance.exchange import Sample, plan_rebalance, rebalance, restore_order
 from yatt.balance.partition import imbalance
 from yatt.distributed import World
 

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,46 +13,31 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from test_train_e2e import one_digit_rows
-from yatt.models.tiny import TinyModelConfig, write_tiny_model
+from e2e import env, experiment, torchrun_args
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 STEPS = 6
-TIMING = ("time/", "perf/", "placement/")  # wall-clock measurements, the only fields allowed to differ
+# wall-clock measurements (per-device role times, engine busy time), the only fields allowed to differ
+TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_busy_s")
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
-    model = write_tiny_model(tmp / "policy0", TinyModelConfig(alphabet="0123456789+=", hidden_size=64,
-                                                              intermediate_size=128, num_hidden_layers=2,
-                                                              num_attention_heads=2, num_key_value_heads=1), seed=3)
-    train, evalset = one_digit_rows(tmp / "train.jsonl", 64), one_digit_rows(tmp / "eval.jsonl", 16)
-    config = tmp / "resume.yaml"
-    config.write_text(f"""
-model: {{path: {model}}}
-data:
-  train: {{kind: jsonl, files: [{train}]}}
-  eval: {{kind: jsonl, files: [{evalset}]}}
-  prompts_per_step: 8
-  eval_prompts: 16
-  max_prompt_tokens: 8
+    config = experiment(tmp, f"""
 rollout: {{group_size: 8, max_new_tokens: 1, engine: {{kv_cache_gib: 0.25}}}}
 algorithm: {{mini_batches: 2}}
 trainer: {{lr: 0.01, micro_batch_size: 16}}
 checkpoint: {{every: 2, keep: 2}}
 run: {{name: r, steps: {STEPS}, eval_every: 3}}
-""")
+""", name="resume.yaml")
     return tmp, config
 
 
 def launch(tmp: Path, config: Path, out: str, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             str(REPO / "launch/train.py"), "--config", str(config), f"run.output_dir={tmp / out}",
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp)
+    return subprocess.Popen(torchrun_args(config, f"run.output_dir={tmp / out}", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env(), cwd=tmp)
 
 
 def finish(proc: subprocess.Popen) -> str:

@@ -2,16 +2,12 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from e2e import experiment, torchrun
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 TINY = dict(alphabet="0123456789+=:?yesno", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=2, num_key_value_heads=1)
@@ -22,21 +18,8 @@ def setup(tmp_path_factory):
     """A random policy and a random judge. The random judge's verdicts are mostly unreadable, which
     exercises the fallback; genrm_with_rule keeps a learning signal through the rule part."""
     tmp = tmp_path_factory.mktemp("genrm")
-    policy = write_tiny_model(tmp / "policy", TinyModelConfig(**TINY), seed=3)
     judge = write_tiny_model(tmp / "judge", TinyModelConfig(**TINY, max_position_embeddings=32), seed=4)
-    rows = [{"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "data_source": "exact_match"}
-            for a in range(10) for b in range(10)]
-    data = tmp / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:64]))
-    config = tmp / "genrm.yaml"
-    config.write_text(f"""
-model: {{path: {policy}}}
-data:
-  train: {{kind: jsonl, files: [{data}]}}
-  eval: {{kind: jsonl, files: [{data}]}}
-  prompts_per_step: 8
-  eval_prompts: 8
-  max_prompt_tokens: 8
+    config = experiment(tmp, f"""
 rollout: {{group_size: 8, max_new_tokens: 2, engine: {{kv_cache_gib: 0.25}}}}
 reward:
   kind: genrm_with_rule
@@ -49,15 +32,12 @@ reward:
       engine: {{kv_cache_gib: 0.25}}
 trainer: {{lr: 0.01, micro_batch_size: 32}}
 run: {{output_dir: {tmp / 'runs'}, steps: 2, eval_every: 0}}
-""")
+""", model=TinyModelConfig(**TINY), name="genrm.yaml")
     return tmp, config
 
 
 def launch(tmp, config, placement):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           str(REPO / "launch/train.py"), "--config", str(config), "--placement", placement,
-                           f"run.name={placement}"], capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
+    proc = torchrun(config, "--placement", placement, f"run.name={placement}", cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in (tmp / "runs" / placement / "metrics.jsonl").read_text().splitlines()]
 

@@ -2,17 +2,11 @@
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from test_train_e2e import one_digit_rows
-from yatt.models.tiny import TinyModelConfig, write_tiny_model
+from e2e import experiment, torchrun
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 
 
@@ -20,19 +14,7 @@ pytestmark = pytest.mark.engine
 def run(tmp_path_factory):
     """Random tiny policy: about half the groups are all wrong, so dynamic sampling has work to do."""
     tmp = tmp_path_factory.mktemp("e2e_balance")
-    model = write_tiny_model(tmp / "policy0", TinyModelConfig(alphabet="0123456789+=", hidden_size=64,
-                                                              intermediate_size=128, num_hidden_layers=2,
-                                                              num_attention_heads=2, num_key_value_heads=1), seed=3)
-    train, evalset = one_digit_rows(tmp / "train.jsonl", 64), one_digit_rows(tmp / "eval.jsonl", 16)
-    config = tmp / "e2e.yaml"
-    config.write_text(f"""
-model: {{path: {model}}}
-data:
-  train: {{kind: jsonl, files: [{train}]}}
-  eval: {{kind: jsonl, files: [{evalset}]}}
-  prompts_per_step: 8
-  eval_prompts: 16
-  max_prompt_tokens: 8
+    config = experiment(tmp, f"""
 rollout: {{group_size: 8, max_new_tokens: 3, engines_per_rank: 2, engine: {{kv_cache_gib: 0.25}}}}
 algorithm:
   mini_batches: 2
@@ -41,10 +23,7 @@ trainer: {{lr: 0.01, micro_batch_tokens: 48}}
 balance: {{enabled: true, attention_coef: 0.01}}
 run: {{name: e2e_balance, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 0}}
 """)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           str(REPO / "launch/train.py"), "--config", str(config), "--placement", "full"],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=tmp)
+    proc = torchrun(config, "--placement", "full", cwd=tmp)
     return proc, tmp / "runs" / "e2e_balance"
 
 

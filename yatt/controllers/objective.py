@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from yatt.algorithms import aggregate_loss, get_policy_loss, kl_estimate, masked_sum, token_logprobs

@@ -1,0 +1,56 @@
+"""Shared pieces of the end-to-end tests: a random tiny digit policy, one-digit addition rows, an
+experiment YAML around them, and torchrun with 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+DIGITS = TinyModelConfig(alphabet="0123456789+=", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1)
+
+
+def one_digit_rows(path: Path, count: int) -> Path:
+    rows = [{"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "data_source": "exact_match"}
+            for a in range(10) for b in range(10)][:count]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def experiment(tmp: Path, body: str, model: TinyModelConfig = DIGITS, name: str = "exp.yaml") -> Path:
+    """A random tiny policy (seed 3: about one sample in 13 is right, so groups have reward variance),
+    64 train / 16 eval one-digit rows, 8 prompts per step, and `body` (more YAML sections) after them."""
+    policy = write_tiny_model(tmp / "policy0", model, seed=3)
+    train, evalset = one_digit_rows(tmp / "train.jsonl", 64), one_digit_rows(tmp / "eval.jsonl", 16)
+    config = tmp / name
+    config.write_text(f"""
+model: {{path: {policy}}}
+data:
+  train: {{kind: jsonl, files: [{train}]}}
+  eval: {{kind: jsonl, files: [{evalset}]}}
+  prompts_per_step: 8
+  eval_prompts: 16
+  max_prompt_tokens: 8
+{body}""")
+    return config
+
+
+def torchrun_args(config: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "launch/train.py"),
+            "--config", str(config), *args]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+
+
+def torchrun(config: Path, *args: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_args(config, *args), capture_output=True, text=True, timeout=timeout,
+                          env=env(), cwd=cwd)
