@@ -75,8 +75,8 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_new_tokens: int = Field(16, gt=0)
-    engines_per_rank: int = Field(1, gt=0, description="Rollout engines per rank; each generate call is split "
-                                  "across them by outstanding sequences (least-loaded first).")
+    engines_per_rank: int = Field(1, gt=0, description="Rollout engines per rank; each request goes to the "
+                                  "rollout engine in use with the fewest requests in flight.")
 
 
 class RewardConfig(Section):
