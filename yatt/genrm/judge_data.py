@@ -26,12 +26,20 @@ def wrong_response(answer: str, rng: random.Random) -> str:
     """A response that the exact-match rule rejects, drawn from typical arithmetic mistakes."""
     # Mostly near misses: wrong lengths are easy to spot, so a judge trained on them alone learns to count
     # characters and stalls near 85%; one-digit differences force it to compare the digits.
-    kind = rng.choices(["digit", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
-                       weights=[40, 25, 5, 5, 10, 5, 5, 5])[0]
+    # A digit copied from its neighbour ("1421" -> "1411") is the near miss a judge trained without it
+    # waves through most often (measured on policy samples: 7% of wrong answers judged right).
+    kind = rng.choices(["digit", "neighbour", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
+                       weights=[25, 25, 20, 5, 5, 5, 5, 5, 5])[0]
     digits = list(answer)
     if kind == "digit":
         i = rng.randrange(len(digits))
         digits[i] = rng.choice([d for d in "0123456789" if d != digits[i]])
+        text = "".join(digits)
+    elif kind == "neighbour" and len(set(digits)) > 1:
+        i = rng.choice([k for k in range(len(digits)) if any(
+            0 <= k + d < len(digits) and digits[k + d] != digits[k] for d in (-1, 1))])
+        j = rng.choice([i + d for d in (-1, 1) if 0 <= i + d < len(digits) and digits[i + d] != digits[i]])
+        digits[i] = digits[j]
         text = "".join(digits)
     elif kind == "carry":
         text = str(max(0, int(answer) + rng.choice([-1, 1]) * rng.choice([1, 10, 100, 1000])))
