@@ -25,6 +25,7 @@ quickstart: setup
 quickstart-genrm: setup
 	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
 	$(PY) launch/sft.py --config configs/sft_judge.yaml
+	$(PY) launch/sft.py --config configs/sft_judge_near_miss.yaml
 	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_genrm.yaml --placement $(PLACEMENT)
 
 test: setup
@@ -34,4 +35,4 @@ test-all: setup
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf runs models/quickstart-policy models/quickstart-judge
+	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge

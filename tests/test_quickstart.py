@@ -36,7 +36,7 @@ def test_quickstart_learns_within_ten_minutes(tmp_path):
 def test_quickstart_with_genrm_reward_learns(tmp_path, placement):
     """The same bar with the tiny judge as the only reward; held-out accuracy is still the exact-match rule."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for config in ("configs/sft_quickstart.yaml", "configs/sft_judge.yaml"):
+    for config in ("configs/sft_quickstart.yaml", "configs/sft_judge.yaml", "configs/sft_judge_near_miss.yaml"):
         subprocess.run([sys.executable, "launch/sft.py", "--config", config], cwd=REPO, env=env, check=True,
                        timeout=1800)
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",

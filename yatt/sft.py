@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from pydantic import BaseModel, ConfigDict, Field
 
 from yatt.config_loading import dump_config
@@ -31,6 +32,8 @@ class SFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape and alphabet of the fresh tiny model.")
+    init_from: Path | None = Field(None, description="Start from this HF model folder instead of a fresh model "
+                                   "(model: is then ignored).")
     sft_file: Path = Field(description="JSONL rows (prompt, answer) to train on.")
     eval_file: Path = Field(description="Held-out JSONL rows for the greedy exact-match accuracy.")
     output_dir: Path = Field(description="Hugging Face model folder to write (replaced atomically).")
@@ -144,9 +147,13 @@ def write_folder_atomically(output_dir: Path, write) -> None:
 def run_sft(cfg: SFTConfig, log=print) -> dict:
     """Train, evaluate, stop on the accuracy threshold, write the HF folder; returns the summary."""
     start = time.perf_counter()
-    tokenizer = build_char_tokenizer(cfg.model.alphabet)
+    if cfg.init_from is not None:  # continue from a model yatt already trained (same tokenizer, same shape)
+        tokenizer = AutoTokenizer.from_pretrained(str(cfg.init_from))
+        model = AutoModelForCausalLM.from_pretrained(str(cfg.init_from), dtype=torch.float32)
+    else:
+        tokenizer = build_char_tokenizer(cfg.model.alphabet)
+        model = build_tiny_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, cfg.seed)
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
-    model = build_tiny_model(cfg.model, len(tokenizer), eos_id, pad_id, cfg.seed)
     params = sum(p.numel() for p in model.parameters())
 
     train_rows = read_jsonl(cfg.sft_file)

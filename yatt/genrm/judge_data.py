@@ -5,7 +5,7 @@ the rule verifier's own verdict, so a judge that learns the rows agrees with the
 responses are wrong in the ways a partly trained policy is wrong: one digit off, a lost or extra
 carry, a missing or extra digit, swapped digits, stray characters, or nothing at all.
 
-    python -m yatt.genrm.judge_data --out data/addition
+    python -m yatt.genrm.judge_data --out data/addition   # judge_{sft,eval}_{basic,near_miss}.jsonl
 """
 
 from __future__ import annotations
@@ -22,14 +22,22 @@ QUICKSTART_TEMPLATE = "{question}{reference}:{response}?"
 STRAY = "0123456789+=-"
 
 
-def wrong_response(answer: str, rng: random.Random) -> str:
+# Two stages (a curriculum): "basic" teaches the judge to compare digits at all (wrong lengths alone would
+# teach it to count characters and stall near 85%); "near_miss" then adds a digit copied from its
+# neighbour ("1421" -> "1411"), the mistake a basic judge waves through most often on policy samples
+# (7% of wrong answers judged right). Trained from scratch on near_miss, the judge learns more slowly.
+MIXES = {
+    "basic": (["digit", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
+              [40, 25, 5, 5, 10, 5, 5, 5]),
+    "near_miss": (["digit", "neighbour", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
+                  [25, 25, 20, 5, 5, 5, 5, 5, 5]),
+}
+
+
+def wrong_response(answer: str, rng: random.Random, mix: str = "near_miss") -> str:
     """A response that the exact-match rule rejects, drawn from typical arithmetic mistakes."""
-    # Mostly near misses: wrong lengths are easy to spot, so a judge trained on them alone learns to count
-    # characters and stalls near 85%; one-digit differences force it to compare the digits.
-    # A digit copied from its neighbour ("1421" -> "1411") is the near miss a judge trained without it
-    # waves through most often (measured on policy samples: 7% of wrong answers judged right).
-    kind = rng.choices(["digit", "neighbour", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
-                       weights=[25, 25, 20, 5, 5, 5, 5, 5, 5])[0]
+    kinds, weights = MIXES[mix]
+    kind = rng.choices(kinds, weights=weights)[0]
     digits = list(answer)
     if kind == "digit":
         i = rng.randrange(len(digits))
@@ -59,10 +67,10 @@ def wrong_response(answer: str, rng: random.Random) -> str:
         text = answer[: rng.randrange(len(answer) + 1)] + "".join(rng.choice(STRAY) for _ in range(rng.randint(1, 3)))
     else:
         text = ""
-    return text if not answers_match(text, answer) else wrong_response(answer, rng)
+    return text if not answers_match(text, answer) else wrong_response(answer, rng, mix)
 
 
-def judge_rows(addition_rows: list[dict], seed: int, template: str = QUICKSTART_TEMPLATE) -> list[dict]:
+def judge_rows(addition_rows: list[dict], seed: int, mix: str, template: str = QUICKSTART_TEMPLATE) -> list[dict]:
     """One judge row per addition row: right or wrong response with equal odds, labelled by the rule."""
     rng = random.Random(seed)
     rows = []
@@ -71,7 +79,7 @@ def judge_rows(addition_rows: list[dict], seed: int, template: str = QUICKSTART_
         if rng.random() < 0.5:
             response = answer if rng.random() < 0.9 else rng.choice([" ", ""]) + answer + rng.choice([" ", ""])
         else:
-            response = wrong_response(answer, rng)
+            response = wrong_response(answer, rng, mix)
         label = "yes" if answers_match(response, answer) else "no"
         rows.append({"prompt": render(template, row["prompt"], answer, response), "answer": label,
                      "data_source": "exact_match"})
@@ -84,10 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     out = Path(args.out)
-    for source, target, seed in (("sft", "judge_sft", args.seed), ("eval", "judge_eval", args.seed + 1)):
-        rows = judge_rows(read_jsonl(out / f"{source}.jsonl"), seed)
-        write_jsonl(out / f"{target}.jsonl", rows)
-        print(f"wrote {len(rows)} rows to {out / f'{target}.jsonl'}")
+    for mix in MIXES:
+        for source, seed in (("sft", args.seed), ("eval", args.seed + 1)):
+            target = out / f"judge_{source}_{mix}.jsonl"
+            rows = judge_rows(read_jsonl(out / f"{source}.jsonl"), seed, mix)
+            write_jsonl(target, rows)
+            print(f"wrote {len(rows)} rows to {target}")
 
 
 if __name__ == "__main__":
