@@ -40,6 +40,13 @@ def test_short_sft_run_writes_loadable_folder(tmp_path):
     ids = tokenizer("123+456=", return_tensors="pt", add_special_tokens=False).input_ids
     assert model(ids).logits.shape == (1, 8, len(tokenizer))
 
+    # A second stage continues from the first model (init_from) instead of a fresh one.
+    stage2 = cfg.model_copy(update={"init_from": out, "output_dir": tmp_path / "stage2", "max_steps": 10,
+                                    "eval_every": 10, "warmup_steps": 0, "lr_schedule": "cosine"})
+    summary2 = run_sft(stage2, log=lambda msg: None)
+    assert summary2["params"] == summary["params"]
+    assert summary2["history"][0]["loss"] < summary["history"][0]["loss"]  # starts where stage 1 ended
+
 
 def test_addition_files_are_disjoint_and_documented():
     files = {name: read_jsonl(DATA / f"{name}.jsonl") for name in ("sft", "train", "eval")}
