@@ -153,7 +153,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
     else:
         tokenizer = build_char_tokenizer(cfg.model.alphabet)
         model = build_tiny_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, cfg.seed)
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    pad_id = tokenizer.pad_token_id
     params = sum(p.numel() for p in model.parameters())
 
     train_rows = read_jsonl(cfg.sft_file)
