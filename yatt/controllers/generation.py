@@ -78,7 +78,6 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
                 Request(f"s{step}r{round_}/g{g}/{j}", lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
                         judge_seed(run_seed, step, round_ * 1_000_000 + g, j, name), lane.judge.sampling)
                 for j, r in enumerate(groups[g])])
-            stats.max_judge_queue = max(stats.max_judge_queue, lane.pool.in_flight())
 
     def take_rollouts(key: str, completions) -> None:
         g = int(key.rsplit("/g", 1)[1])
@@ -121,6 +120,7 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
     stats.rollout_s = stats.rollout_s or time.perf_counter() - start
     stats.judge_tail_s = time.perf_counter() - start - stats.rollout_s
     rollouts = [r for g in range(len(rows)) for r in groups[g]]
+    stats.max_judge_queue = max((lane.pool.max_queue for lane in lanes.values()), default=0)  # the pools track it
     for prefix, pool in [("rollout", rollout_pool)] + [(f"genrm/{n}", lane.pool) for n, lane in lanes.items()]:
         for key, value in pool.take_metrics(prefix).items():
             stats.pools[key] = stats.pools.get(key, 0.0) + value
