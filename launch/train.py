@@ -21,8 +21,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="yatt RL training (run under torchrun)")
     parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/quickstart.yaml")
     parser.add_argument("--placement", choices=["full", "partial"], help="shortcut for placement.mode")
-    parser.add_argument("--resume", default="none", metavar="auto|PATH|none",
-                        help="auto: newest complete checkpoint of the run (fresh start if none); PATH: that one")
+    # auto by default: a requeued or restarted job reruns the same command line and must continue, not
+    # start over and delete the checkpoints it would have continued from
+    parser.add_argument("--resume", default="auto", metavar="auto|PATH|none",
+                        help="auto (default): continue from the newest complete checkpoint of this run, or start "
+                             "fresh if it has none; PATH: that checkpoint; none: start over, deleting this run's "
+                             "checkpoints and metrics")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML")
     args = parser.parse_intermixed_args()  # options may come after key=value overrides
 

@@ -116,8 +116,9 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninte
     assert f"resuming from {ckpts / f'step-{stopped:08d}'}" in out, out[-3000:]
     assert all((ckpts / name).exists() for name in staging), "the kill did not land during the write"
 
-    # 3. resume again: the partial checkpoint is skipped with a warning, the run completes
-    out = finish(launch(tmp, config, "chain", "--resume", "auto"))
+    # 3. the same command again (auto is the default): the partial checkpoint is skipped with a warning,
+    #    the run completes
+    out = finish(launch(tmp, config, "chain"))
     assert "warning: skipping partial checkpoint" in out and "done:" in out, out[-3000:]
 
     assert logged_steps(run_dir) == list(range(STEPS + 1))
@@ -134,3 +135,13 @@ def test_incompatible_config_is_refused_by_name(setup, uninterrupted):
     tmp, config = setup
     out = finish(launch(tmp, config, "full", "--resume", "auto", "trainer.lr=0.02"))
     assert "incompatible config" in out and "trainer.lr: checkpoint 0.01, now 0.02" in out, out[-3000:]
+    assert "--resume none to start this run over" in out, out[-3000:]
+
+
+def test_rerunning_a_finished_run_reports_it_and_changes_nothing(setup, uninterrupted):
+    tmp, config = setup
+    before = {p: p.read_bytes() for p in (uninterrupted / "summary.json", uninterrupted / "metrics.jsonl")}
+    out = finish(launch(tmp, config, "full"))
+    assert f"already finished at step {STEPS}" in out and "--resume none" in out, out[-3000:]
+    assert all(p.read_bytes() == data for p, data in before.items())
+    assert (uninterrupted / "checkpoints" / f"step-{STEPS:08d}").is_dir()

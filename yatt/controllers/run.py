@@ -24,7 +24,20 @@ def _evals(records: list[dict]) -> tuple[dict, dict]:
     return (evals[0], evals[-1]) if evals else ({}, {})
 
 
-def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "none") -> dict:
+def _finished_summary(run_dir, start_step: int, steps: int, world: World) -> dict | None:
+    """The summary of a run that already reached its last step (rerunning the same command resumes by
+    default), so it is reported as it is instead of being overwritten by an empty rerun."""
+    summary = None
+    path = run_dir / "summary.json"
+    if world.is_main and start_step >= steps and path.is_file():
+        summary = json.loads(path.read_text())
+        print(f"run {run_dir} already finished at step {start_step}: accuracy {summary.get('start_accuracy')} -> "
+              f"{summary.get('end_accuracy')}; raise run.steps to continue it, or --resume none to start it over",
+              flush=True)
+    return world.broadcast_object(summary)
+
+
+def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") -> dict:
     """resume: none | auto | PATH (see yatt.checkpoint.resume)."""
     torch.set_num_threads(cfg.run.threads)
     run_dir = cfg.run.run_dir
@@ -32,6 +45,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "none") ->
     checkpoints = Checkpointer(cfg, world)
     found = checkpoints.find(resume)
     start_step = found[1] if found else 0
+    if finished := _finished_summary(run_dir, start_step, cfg.run.steps, world):
+        return finished
     history: list[dict] = []
     if world.is_main:
         if found:
