@@ -53,7 +53,7 @@ def timed(fn):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, help="an HF model folder (default: a tiny random Qwen2)")
     parser.add_argument("--out", type=Path, help="where engine logs go (default: a temporary folder)")
     args = parser.parse_args()
