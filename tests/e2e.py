@@ -23,6 +23,13 @@ def one_digit_rows(path: Path, count: int) -> Path:
     return path
 
 
+# one-token GRPO on 2 mini-batches, the cheapest real training step the e2e tests share
+ONE_TOKEN_GRPO = """rollout: {group_size: 8, max_new_tokens: 1, engine: {kv_cache_gib: 0.25}}
+algorithm: {mini_batches: 2}
+trainer: {lr: 0.01, micro_batch_size: 16}
+"""
+
+
 def experiment(tmp: Path, body: str, model: TinyModelConfig = DIGITS, name: str = "exp.yaml") -> Path:
     """A random tiny policy (seed 3: about one sample in 13 is right, so groups have reward variance),
     64 train / 16 eval one-digit rows, 8 prompts per step, and `body` (more YAML sections) after them."""

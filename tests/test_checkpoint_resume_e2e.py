@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from e2e import env, experiment, torchrun_args
+from e2e import ONE_TOKEN_GRPO, env, experiment, torchrun_args
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
@@ -26,10 +26,7 @@ TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_b
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
     config = experiment(tmp, f"""
-rollout: {{group_size: 8, max_new_tokens: 1, engine: {{kv_cache_gib: 0.25}}}}
-algorithm: {{mini_batches: 2}}
-trainer: {{lr: 0.01, micro_batch_size: 16}}
-checkpoint: {{every: 2, keep: 2}}
+{ONE_TOKEN_GRPO}checkpoint: {{every: 2, keep: 2}}
 run: {{name: r, steps: {STEPS}, eval_every: 3}}
 """, name="resume.yaml")
     return tmp, config

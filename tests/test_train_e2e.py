@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from e2e import experiment, torchrun
+from e2e import ONE_TOKEN_GRPO, experiment, torchrun
 
 pytestmark = pytest.mark.engine
 
@@ -16,10 +16,7 @@ pytestmark = pytest.mark.engine
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     config = experiment(tmp, f"""
-rollout: {{group_size: 8, max_new_tokens: 1, engine: {{kv_cache_gib: 0.25}}}}
-algorithm: {{mini_batches: 2}}
-trainer: {{lr: 0.01, micro_batch_size: 16}}
-run: {{name: e2e, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 2}}
+{ONE_TOKEN_GRPO}run: {{name: e2e, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 2}}
 """)
     return torchrun(config, "--placement", "full", cwd=tmp), tmp / "runs" / "e2e", tmp / "policy0"
 

@@ -71,7 +71,6 @@ class CheckpointWriter:
         self.delay_s, self.commit_timeout_s = debug_write_delay_s, commit_timeout_s
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.last_committed: Path | None = None
 
     def staging_dir(self, step: int) -> Path:
         return self.root / f"{step_dir_name(step)}.tmp-{self.token}"
@@ -94,10 +93,6 @@ class CheckpointWriter:
         if self._error is not None:
             err, self._error = self._error, None
             raise CheckpointError(f"checkpoint write failed on rank {self.rank}: {err}") from err
-
-    @property
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     def _guarded(self, job: SaveJob) -> None:
         try:
@@ -157,7 +152,6 @@ class CheckpointWriter:
         staging.rename(final)
         fsync_dir(self.root)
         write_atomic(self.root / LATEST, final.name + "\n")
-        self.last_committed = final
         self._prune()
 
     def _prune(self) -> None:

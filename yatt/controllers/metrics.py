@@ -7,6 +7,8 @@ import math
 import time
 from pathlib import Path
 
+from yatt.checkpoint.manifest import write_atomic
+
 
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
@@ -60,7 +62,5 @@ def keep_metrics_until(path: Path, step: int) -> list[dict]:
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     kept = [r for r in records if r["step"] <= step]
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    tmp.replace(path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
     return kept
