@@ -1,20 +1,13 @@
 """Inference engines as services: each runs in a child process and is driven over ZMQ RPC.
 
-`spawn_engine` starts one and returns an `EngineClient`; both it and the in-process
-`VLLMEngine` (imported lazily, it pulls in vLLM) implement the `Engine` protocol.
+`ENGINES` names the backends (`rollout.engine.backend`); each implements `RolloutEngine` and is served by
+`yatt.engines.server.EngineService` in its own process. Controllers reach engines through `EngineClient`
+(`spawn_engine`, `connect_engine`) and route among several with `EnginePool`.
 """
 
-from yatt.engines.base import Completion, Engine, SamplingSpec
-from yatt.engines.client import EngineClient, EngineDied, EngineStartError, spawn_engine
-from yatt.engines.config import EngineConfig
+from yatt.registry import Registry
 
-__all__ = [
-    "Completion",
-    "Engine",
-    "EngineClient",
-    "EngineConfig",
-    "EngineDied",
-    "EngineStartError",
-    "SamplingSpec",
-    "spawn_engine",
-]
+ENGINES: Registry = Registry("rollout.engine.backend", {
+    "vllm": "yatt.engines.vllm_engine:VLLMEngine",
+    "hf": "yatt.engines.hf_engine:HFEngine",
+})

@@ -1,9 +1,9 @@
-"""The engine interface the trainer programs against, independent of the inference backend."""
+"""What every inference backend implements (`RolloutEngine`) and the backend-neutral types it speaks."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 import torch
 
@@ -48,26 +48,41 @@ class Completion:
         return cls(token_ids=list(d["token_ids"]), logprobs=list(d["logprobs"]), finish_reason=str(d["finish_reason"]))
 
 
-@runtime_checkable
-class Engine(Protocol):
-    """An inference engine; `VLLMEngine` runs in-process, `EngineClient` talks to a child process."""
+class RolloutEngine(Protocol):
+    """An inference backend as the engine service drives it (`yatt.engines.server.EngineService`).
 
-    def generate(
-        self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None
-    ) -> list[list[Completion]]:
-        """``sampling.n`` completions per prompt; ``seeds`` (one per prompt) make sampling reproducible.
+    One instance lives in an engine process and is only ever called from the service's stepping thread.
+    Generation is streamed: `add_requests` queues prompts, each `step` advances every queued request by
+    one engine iteration and returns the requests whose ``n`` samples all finished. Backends are
+    registered in `yatt.engines.ENGINES` under the name `rollout.engine.backend` selects; each is built
+    as ``Backend(model_path, cfg: EngineConfig, seed)``.
+    """
 
-        vLLM samples completion j of a prompt with ``seed + j``: space the per-prompt seeds at
-        least ``n`` apart (e.g. ``base + i * n``) or neighbouring prompts share random streams.
-        """
+    def add_requests(self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec,
+                     seeds: list[int] | None) -> None:
+        """Queue one request per prompt (``sampling.n`` samples each). With a seed, sample j of a request
+        uses ``seed + j``, so the same seed gives the same samples; space per-prompt seeds >= n apart."""
+        ...
+
+    def step(self) -> list[tuple[str, list[Completion]]]:
+        """One engine iteration; the requests (all their samples, in sample order) that finished in it."""
+        ...
+
+    def num_unfinished(self) -> int:
+        """Requests queued or running."""
+        ...
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop these requests (unknown or finished ids are ignored)."""
         ...
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights given by Hugging Face parameter names (any subset of the model)."""
+        """Load new weights given by Hugging Face parameter names, in place (any subset of the model,
+        whole decoder layers per call)."""
         ...
 
     def sleep(self) -> dict[str, Any]:
-        """Free device memory (weights + KV cache) where supported; says what was done."""
+        """Free accelerator memory (weights + KV cache) where the backend can; says what was done."""
         ...
 
     def wake(self) -> dict[str, Any]:
@@ -81,3 +96,14 @@ class Engine(Protocol):
     def shutdown(self) -> None:
         """Release all resources; the engine cannot be used afterwards."""
         ...
+
+
+def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: SamplingSpec,
+             seeds: list[int] | None = None) -> list[list[Completion]]:
+    """Drive an in-process engine until every prompt's group is back (tests, benchmarks, tools)."""
+    ids = [f"g{i}" for i in range(len(prompts))]
+    engine.add_requests(ids, prompts, sampling, seeds)
+    done: dict[str, list[Completion]] = {}
+    while len(done) < len(ids):
+        done.update(engine.step())
+    return [done[i] for i in ids]

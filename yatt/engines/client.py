@@ -253,7 +253,6 @@ def spawn_engine(
     ready_dir = Path(tempfile.mkdtemp(prefix="yatt-engine-"))
     ready_file = ready_dir / "endpoint"
     spec = {
-        "backend": cfg.backend,
         "model_path": str(model_path),
         "engine": cfg.model_dump(),
         "seed": int(seed),

