@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from yatt.balance.exchange import Sample, rebalance  # noqa: E402
 from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
-from yatt.controllers.objective import policy_objective  # noqa: E402
+from yatt.algorithms.objective import Algorithm  # noqa: E402
 from yatt.distributed import close_world, init_world  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.trainers.batch import TokenBatch  # noqa: E402
@@ -60,7 +60,7 @@ def train_step(trainer: TorchTrainer, world, samples: list[Sample], balance: boo
     batch.extras["old_logprobs"] = batch.per_token([s.rollout_logprobs for s in held])
     batch.extras["advantages"] = torch.tensor([s.reward - 0.5 for s in held])
     tokens, seqs = world.sum([float(batch.mask.sum()), float(len(batch))])
-    trainer.train_mini_batch(batch, policy_objective(AlgorithmConfig(), tokens / world.size, seqs / world.size,
+    trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(tokens / world.size, seqs / world.size,
                                                      norm_length=MAX_LEN))
     return time.perf_counter() - start, plan
 

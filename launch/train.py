@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from yatt.config import check_world, load_experiment  # noqa: E402
+from yatt.config import check_run, load_experiment  # noqa: E402
 from yatt.config_loading import ConfigError  # noqa: E402
 from yatt.data.jsonl import DataError  # noqa: E402
 from yatt.distributed import close_world, env_rank, init_world  # noqa: E402
@@ -30,9 +30,10 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML")
     args = parser.parse_intermixed_args()  # options may come after key=value overrides
 
-    try:  # every rank validates, so a bad config stops the job before any process group or engine exists
+    try:  # every rank validates, so a bad config or a missing file stops the job before any process group or
+        # engine exists
         cfg = load_experiment(args.config, args.overrides, args.placement)
-        check_world(cfg, int(os.environ.get("WORLD_SIZE", "1")), args.config)
+        check_run(cfg, int(os.environ.get("WORLD_SIZE", "1")), args.config)
     except ConfigError as err:
         if env_rank() == 0:
             print(f"error: {err}", file=sys.stderr)

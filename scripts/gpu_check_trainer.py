@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
-from yatt.controllers.objective import policy_objective  # noqa: E402
+from yatt.algorithms.objective import Algorithm  # noqa: E402
 from yatt.distributed import World  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.trainers.batch import TokenBatch  # noqa: E402
@@ -41,7 +41,7 @@ def main() -> int:
                                       [torch.randint(3, 40, (64,), generator=gen).tolist() for _ in range(32)], 0)
     old, _ = trainer.logprobs(batch)
     batch.extras.update(old_logprobs=old, advantages=torch.randn(32, generator=gen))
-    loss_fn = policy_objective(AlgorithmConfig(), float(batch.mask.sum()), 32.0, 64)
+    loss_fn = Algorithm(AlgorithmConfig()).objective(float(batch.mask.sum()), 32.0, 64)
     first = trainer.train_mini_batch(batch, loss_fn)
     torch.cuda.synchronize()
     resident = torch.cuda.memory_allocated()

@@ -10,18 +10,23 @@ from yatt.algorithms import (
     aggregate_loss,
     broadcast_to_tokens,
     entropy_from_logits,
+    ADVANTAGES,
+    POLICY_LOSSES,
     gae_advantages,
-    get_advantage_estimator,
     get_kl_estimator,
-    get_policy_loss,
-    grpo_advantages,
     kl_estimate,
     kl_penalized_rewards,
     masked_mean,
     masked_sum,
-    ppo_clip_loss,
     token_logprobs,
 )
+from yatt.algorithms.grpo import GRPO, grpo_advantages
+from yatt.algorithms.ppo_clip import PPO_CLIP, PPOClipConfig
+from yatt.algorithms.ppo_clip import ppo_clip_loss as _ppo_clip_loss
+
+
+def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, **kw):
+    return _ppo_clip_loss(logprobs, old_logprobs, advantages, mask, PPOClipConfig(**kw))
 
 T = torch.tensor
 
@@ -58,9 +63,9 @@ def test_grpo_identical_and_singleton_groups_are_zero():
 def test_grpo_wrong_n_raises_and_registry():
     with pytest.raises(ValueError, match="divisible"):
         grpo_advantages(T([1.0, 0.0, 1.0]), 2)
-    assert get_advantage_estimator("grpo") is grpo_advantages
-    with pytest.raises(ValueError, match="grpo"):
-        get_advantage_estimator("nope")
+    assert ADVANTAGES.get("grpo") is GRPO and GRPO.needs_groups
+    with pytest.raises(ValueError, match="unknown algorithm.advantage.kind 'nope'; registered: grpo"):
+        ADVANTAGES.get("nope")
 
 
 # rewards [0,0,1], values [.5,.6,.8]
@@ -192,7 +197,7 @@ def test_ppo_dual_clip():
     loss, st = ppo_clip_loss(lp, torch.zeros_like(lp), T([[-1.0, 1.0]]), T([[1, 1]]))
     close(loss, T([[math.exp(3.0), -1.2]]))
     close(st["dual_clip_frac"], 0.0)
-    with pytest.raises(ValueError, match="dual_clip"):
+    with pytest.raises(ValueError, match="dual_clip"):  # the config section refuses c <= 1
         ppo_clip_loss(lp, lp, T([1.0]), T([[1, 1]]), dual_clip=1.0)
 
 
@@ -217,9 +222,9 @@ def test_ppo_gradient_flows():
     assert lp.grad is not None and torch.isfinite(lp.grad).all()
     assert lp.grad[1, 2] == 0.0 and lp.grad[0, 0] != 0.0
     assert not st["clip_frac"].requires_grad
-    assert get_policy_loss("ppo_clip") is ppo_clip_loss
-    with pytest.raises(ValueError, match="ppo_clip"):
-        get_policy_loss("nope")
+    assert POLICY_LOSSES.get("ppo_clip") is PPO_CLIP and set(st) == set(PPO_CLIP.stats)
+    with pytest.raises(ValueError, match="registered: ppo_clip"):
+        POLICY_LOSSES.get("nope")
 
 
 # ---------------------------------------------------------------- aggregation

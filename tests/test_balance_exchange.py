@@ -98,14 +98,14 @@ def _uneven_batch(rows: range):
 def _train_step(world: World, model_path: str, rows: range, micro: int) -> dict:
     """One optimizer step on `rows` of a fixed batch, as the shard does it (global denominators)."""
     from yatt.config import AlgorithmConfig, TrainerConfig
-    from yatt.controllers.objective import policy_objective
+    from yatt.algorithms.objective import Algorithm
     from yatt.trainers.torch_trainer import TorchTrainer
     torch.manual_seed(0)
     trainer = TorchTrainer(model_path, TrainerConfig(lr=1e-2, micro_batch_size=micro), world)
     batch = _uneven_batch(rows)
     batch.extras["old_logprobs"] = trainer.logprobs(batch)[0]
     tokens, seqs = world.sum([float(batch.mask.sum()), float(len(batch))])
-    stats = trainer.train_mini_batch(batch, policy_objective(AlgorithmConfig(), tokens / world.size,
+    stats = trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(tokens / world.size,
                                                              seqs / world.size, 8))
     return {"grad_norm": stats["grad_norm"], "weights": {k: v.tolist() for k, v in trainer.named_weights()}}
 

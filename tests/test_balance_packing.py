@@ -7,7 +7,7 @@ import torch
 
 from yatt.balance.packing import micro_batch_rows, pack_by_tokens, padded_tokens
 from yatt.config import AlgorithmConfig, TrainerConfig
-from yatt.controllers.objective import policy_objective
+from yatt.algorithms.objective import Algorithm
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.trainers.batch import TokenBatch
@@ -51,7 +51,7 @@ def test_token_budget_gives_the_same_update_as_count_based(tiny):
         batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
         batch.extras.update(old_logprobs=trainer.logprobs(batch)[0], advantages=torch.tensor([1.0, -1.0] * 4))
         assert len(trainer.micro_batches(batch)) == (1 if cfg.micro_batch_tokens == 0 else 4)
-        stats = trainer.train_mini_batch(batch, policy_objective(AlgorithmConfig(), float(batch.mask.sum()), 8, 8))
+        stats = trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(float(batch.mask.sum()), 8, 8))
         results.append((stats["grad_norm"], batch.extras["old_logprobs"], dict(trainer.named_weights())))
     assert math.isclose(results[0][0], results[1][0], rel_tol=1e-4)
     torch.testing.assert_close(results[0][1], results[1][1])  # packed logprobs land on their own rows

@@ -150,7 +150,7 @@ def test_export_hf_writes_a_loadable_policy_listed_in_the_manifest(tmp_path):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from yatt.checkpoint.export import export_hf
+    from yatt.checkpoint.export import export_snapshot
     from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
     src = write_tiny_model(tmp_path / "m", TinyModelConfig(alphabet="0123456789", hidden_size=16,
@@ -158,7 +158,8 @@ def test_export_hf_writes_a_loadable_policy_listed_in_the_manifest(tmp_path):
                                                            num_attention_heads=2, num_key_value_heads=1))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(src), AutoTokenizer.from_pretrained(src)
     snap = snapshot({"trainer": {"model": dict(model.named_parameters())}})
-    export = partial(export_hf, snap=snap, hf_config=model.config, tokenizer=tokenizer)
+    export = partial(export_snapshot, snap=snap, key="trainer", hf_weights=lambda state: state["model"],
+                     hf_config=model.config, tokenizer=tokenizer)
     writer = CheckpointWriter(tmp_path / "ck", 0, 1, "t", keep=1)
     (tmp_path / "ck").mkdir()
     writer.submit(SaveJob(1, {"shared": snap}, export=export))

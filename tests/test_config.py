@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from yatt.config import check_world, load_experiment
+from yatt.config import check_run, load_experiment
 from yatt.config_loading import ConfigError
 from yatt.models.tiny import write_tiny_model
 
@@ -45,10 +45,40 @@ def test_wrong_type_names_the_field(tmp_path, model_dir):
     assert "rollout.group_size" in str(err.value) and "'many'" in str(err.value)
 
 
-def test_missing_model_folder(tmp_path, model_dir):
-    with pytest.raises(ConfigError) as err:
-        load_experiment(write_config(tmp_path, model_dir, model_path=str(tmp_path / "nope")))
-    assert "model.path" in str(err.value) and "model folder not found" in str(err.value)
+def test_missing_files_are_found_where_the_run_starts_not_by_validation(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir, model_path=str(tmp_path / "nope"))
+    cfg = load_experiment(path)  # validation reads no files
+    with pytest.raises(ConfigError, match="model.path: model folder not found"):
+        check_run(cfg, 1, str(path))
+    cfg = load_experiment(write_config(tmp_path, model_dir))
+    check_run(cfg, 1, str(path))
+    (tmp_path / "train.jsonl").unlink()
+    with pytest.raises(ConfigError, match="data.train.files: not found"):
+        check_run(cfg, 1, str(path))
+
+
+def test_validation_does_not_change_values(tmp_path, model_dir):
+    cfg = load_experiment(write_config(tmp_path, model_dir))
+    assert cfg.rollout.engine.max_model_len is None  # derived where engines start: prompt + response tokens
+    assert cfg.rollout_tokens == 64 + 16
+
+
+def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir)
+    cases = {"trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: torch",
+             "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
+             "algorithm.advantage.kind=ppo": "unknown algorithm.advantage.kind 'ppo'; registered: grpo",
+             "algorithm.policy_loss.kind=gspo": "unknown algorithm.policy_loss.kind 'gspo'; registered: ppo_clip",
+             "algorithm.loss_agg=sum": "unknown algorithm.loss_agg 'sum'",
+             "algorithm.kl_estimator=k4": "unknown algorithm.kl_estimator 'k4'; one of: k1, k2, k3"}
+    for override, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_experiment(path, [override])
+        assert message in str(err.value), (override, str(err.value))
+    cfg = load_experiment(path, ["algorithm.policy_loss.clip_high=0.28", "trainer.dtype=bfloat16"])
+    assert cfg.algorithm.policy_loss.clip_high == 0.28 and cfg.algorithm.advantage.normalize_std
+    with pytest.raises(ConfigError, match="algorithm.policy_loss.clip_hi: unknown key"):
+        load_experiment(path, ["algorithm.policy_loss.clip_hi=0.28"])
 
 
 def test_impossible_combinations(tmp_path, model_dir):
@@ -60,9 +90,9 @@ def test_impossible_combinations(tmp_path, model_dir):
     with pytest.raises(ConfigError, match="exceeds rollout.engine.max_model_len=64"):
         load_experiment(path, ["rollout.engine.max_model_len=64", "data.max_prompt_tokens=60"])
     with pytest.raises(ConfigError, match="the model has 128 positions"):
-        load_experiment(path, ["data.max_prompt_tokens=200"])
+        check_run(load_experiment(path, ["data.max_prompt_tokens=200"]), 1, str(path))
     with pytest.raises(ConfigError, match="split evenly over 3 ranks"):
-        check_world(load_experiment(path), 3, str(path))
+        check_run(load_experiment(path), 3, str(path))
 
 
 def test_balance_and_dynamic_sampling_sections(tmp_path, model_dir):
@@ -71,7 +101,7 @@ def test_balance_and_dynamic_sampling_sections(tmp_path, model_dir):
                                  "trainer.micro_batch_tokens=512", "rollout.engines_per_rank=2"])
     assert cfg.balance.partitioner == "kk" and cfg.algorithm.dynamic_sampling.max_rounds == 4
     assert not load_experiment(path).balance.enabled  # off by default: today's behaviour
-    with pytest.raises(ConfigError, match="GRPO advantages need whole groups"):
+    with pytest.raises(ConfigError, match="grpo advantages need whole groups"):
         load_experiment(path, ["balance.keep_groups=false"])
     with pytest.raises(ConfigError, match="balance.partitioner"):
         load_experiment(path, ["balance.partitioner=random"])

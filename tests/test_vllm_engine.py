@@ -16,7 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from yatt.engines import Engine, EngineClient, EngineConfig, EngineDied, EngineStartError, SamplingSpec, spawn_engine
-from yatt.engines.client import TORCHRUN_VARS, engine_env, weight_buckets
+from yatt.engines.base import weight_buckets
+from yatt.engines.client import TORCHRUN_VARS, engine_env
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 pytestmark = pytest.mark.engine

@@ -1,21 +1,30 @@
 """The typed experiment config: one pydantic section per component, loaded from YAML + `a.b=c` overrides.
 
 Every section forbids unknown keys, so a typo fails at start-up with the field and file named
-(see yatt.config_loading). Cross-section rules that make a config impossible live in
-`ExperimentConfig._check_combinations`; rules that need the world size live in `check_world`.
+(see yatt.config_loading). Which implementation a component uses (trainer.backend,
+rollout.engine.backend, algorithm.advantage.kind, algorithm.policy_loss.kind) is checked against its
+registry, so the allowed values are whatever is registered. Validation only reads the config itself:
+cross-section rules live in `ExperimentConfig._check_combinations`; rules that need the world size or
+the files the config names (model folders, data files) live in `check_run`, which the launcher calls
+before anything starts.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from yatt.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from yatt.algorithms.grpo import GRPOConfig
+from yatt.algorithms.ppo_clip import PPOClipConfig
 from yatt.config_loading import ConfigError, load_config
 from yatt.engines.config import EngineConfig
 from yatt.genrm.config import JudgeConfig
+from yatt.registry import Registry
+from yatt.trainers import TRAINERS
 
 
 class Section(BaseModel):
@@ -25,28 +34,10 @@ class Section(BaseModel):
 class ModelConfig(Section):
     path: Path = Field(description="Local Hugging Face model folder (config.json, weights, tokenizer).")
 
-    @field_validator("path")
-    @classmethod
-    def _folder_exists(cls, path: Path) -> Path:
-        if not path.is_dir():
-            raise ValueError(f"model folder not found: {path} (build the quickstart one with "
-                             "`python launch/sft.py --config configs/sft_quickstart.yaml`)")
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{path} is not a Hugging Face model folder: config.json is missing")
-        return path
-
 
 class JsonlSource(Section):
     kind: Literal["jsonl"] = "jsonl"
     files: list[Path] = Field(min_length=1, description="JSONL files; one prompt per line (see yatt.data.jsonl).")
-
-    @field_validator("files")
-    @classmethod
-    def _files_exist(cls, files: list[Path]) -> list[Path]:
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"data file(s) not found: {', '.join(missing)}")
-        return files
 
 
 class GymSource(Section):
@@ -113,24 +104,60 @@ class DynamicSamplingConfig(Section):
         return self
 
 
+def _section_of(registry: Registry) -> Any:
+    """The config type of a registry's entries: the union of their sections, told apart by `kind`."""
+    sections = tuple(registry.get(name).config for name in registry.names())
+    return sections[0] if len(sections) == 1 else Annotated[Union[sections], Field(discriminator="kind")]
+
+
+def _check_kind(registry: Registry, section: Any) -> None:
+    """An unknown kind names the registered ones (pydantic's own message would only say 'invalid')."""
+    if isinstance(section, dict) and "kind" in section:
+        registry.check(section["kind"])
+
+
+def _check_choice(field: str, value: str, allowed) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {field} {value!r}; one of: {', '.join(sorted(allowed))}")
+    return value
+
+
 class AlgorithmConfig(Section):
-    advantage: Literal["grpo"] = "grpo"
-    normalize_std: bool = Field(True, description="Divide group-centred rewards by the group std.")
-    policy_loss: Literal["ppo_clip"] = "ppo_clip"
-    clip_low: float = Field(0.2, gt=0.0, lt=1.0)
-    clip_high: float = Field(0.2, gt=0.0, description="Set above clip_low for clip-higher (DAPO).")
-    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip bound c for negative advantages.")
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    advantage: _section_of(ADVANTAGES) = Field(  # type: ignore[valid-type]
+        default_factory=GRPOConfig, description="Advantage estimator: {kind: <registered name>, its fields}.")
+    policy_loss: _section_of(POLICY_LOSSES) = Field(  # type: ignore[valid-type]
+        default_factory=PPOClipConfig, description="Policy loss: {kind: <registered name>, its fields}.")
+    loss_agg: str = Field("token-mean", description=f"How token losses become one: {', '.join(LOSS_AGGREGATIONS)}.")
     kl_coef: float = Field(0.0, ge=0.0, description="0 disables KL and the reference model.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: str = Field("k3", description=f"KL estimator: {', '.join(sorted(KL_ESTIMATORS))}.")
     kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term or as a reward penalty.")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _registered_kinds(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _check_kind(ADVANTAGES, data.get("advantage"))
+            _check_kind(POLICY_LOSSES, data.get("policy_loss"))
+        return data
+
+    @field_validator("loss_agg")
+    @classmethod
+    def _known_agg(cls, value: str) -> str:
+        return _check_choice("algorithm.loss_agg", value, LOSS_AGGREGATIONS)
+
+    @field_validator("kl_estimator")
+    @classmethod
+    def _known_kl(cls, value: str) -> str:
+        return _check_choice("algorithm.kl_estimator", value, KL_ESTIMATORS)
+
 
 class TrainerConfig(Section):
-    backend: Literal["torch"] = "torch"
+    backend: str = Field("torch", description="Training backend, a name in yatt.trainers.TRAINERS.")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights, gradients and optimizer "
+                                                   "state; log-probs and losses are float32 either way.")
     lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -142,6 +169,11 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(0, ge=0, description="If > 0, pack micro-batches by padded tokens "
                                     "(sequences x longest length) up to this budget instead of micro_batch_size.")
 
+    @field_validator("backend")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        return TRAINERS.check(name)
+
 
 class BalanceConfig(Section):
     """Moving rollouts between data-parallel ranks so each trains about the same work (DESIGN.md, principle 7)."""
@@ -151,8 +183,8 @@ class BalanceConfig(Section):
                                   "(L = prompt + response tokens); raise it when attention dominates.")
     partitioner: Literal["kk", "greedy"] = Field("kk", description="kk: Karmarkar-Karp; greedy: LPT.")
     equal_count: bool = Field(False, description="Also give every rank the same number of units (+-1).")
-    keep_groups: bool | None = Field(None, description="Move whole GRPO groups; None: when the advantage "
-                                     "estimator needs them (grpo does).")
+    keep_groups: bool | None = Field(None, description="Move whole groups (all samples of a prompt); None: "
+                                     "when the advantage estimator needs them (grpo does).")
 
 
 class PlacementConfig(Section):
@@ -213,30 +245,32 @@ class ExperimentConfig(Section):
         if self.placement.mode == "partial" and not self.reward.judges:
             raise ValueError("placement.mode=partial splits devices between rollout and a generative reward "
                              "model, but reward.judges is empty; use placement.mode=full or add a judge")
-        if self.algorithm.advantage == "grpo" and self.rollout.group_size < 2:
-            raise ValueError("rollout.group_size must be >= 2 for GRPO (advantages are relative to the group)")
-        if self.algorithm.advantage == "grpo" and self.balance.keep_groups is False:
-            raise ValueError("balance.keep_groups=false would split GRPO groups across ranks, but GRPO "
-                             "advantages need whole groups on one rank")
+        advantage = self.algorithm.advantage.kind
+        if ADVANTAGES.get(advantage).needs_groups:
+            if self.rollout.group_size < 2:
+                raise ValueError(f"rollout.group_size must be >= 2 for {advantage} (advantages are relative "
+                                 "to the group)")
+            if self.balance.keep_groups is False:
+                raise ValueError(f"balance.keep_groups=false would split groups across ranks, but {advantage} "
+                                 "advantages need whole groups on one rank")
         if self.data.prompts_per_step % self.algorithm.mini_batches:
             raise ValueError(f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
                              f"algorithm.mini_batches={self.algorithm.mini_batches}")
-        need = self.data.max_prompt_tokens + self.rollout.max_new_tokens
-        if self.rollout.engine.max_model_len is None:
-            self.rollout.engine.max_model_len = need
-        elif need > self.rollout.engine.max_model_len:
-            raise ValueError(f"data.max_prompt_tokens + rollout.max_new_tokens = {need} exceeds "
-                             f"rollout.engine.max_model_len={self.rollout.engine.max_model_len}")
-        positions = json.loads((self.model.path / "config.json").read_text()).get("max_position_embeddings")
-        if positions and self.rollout.engine.max_model_len > positions:
-            raise ValueError(f"rollout.engine.max_model_len={self.rollout.engine.max_model_len} (prompt + response "
-                             f"tokens) but the model has {positions} positions; lower data.max_prompt_tokens or "
-                             "rollout.max_new_tokens")
+        limit = self.rollout.engine.max_model_len
+        if limit is not None and self.rollout_tokens > limit:
+            raise ValueError(f"data.max_prompt_tokens + rollout.max_new_tokens = {self.rollout_tokens} exceeds "
+                             f"rollout.engine.max_model_len={limit}")
         return self
 
+    @property
+    def rollout_tokens(self) -> int:
+        """The longest prompt + response a rollout engine must hold."""
+        return self.data.max_prompt_tokens + self.rollout.max_new_tokens
 
-def check_world(cfg: ExperimentConfig, world_size: int, source: str) -> None:
-    """Rules that depend on how many ranks were launched."""
+
+def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
+    """What the config alone cannot tell: rules on the number of ranks launched, and the files it names
+    (read here, where the run starts, never during validation). Raises ConfigError naming the field."""
     p = cfg.placement
     if p.mode == "partial" and world_size < p.min_rollout_devices + p.min_genrm_devices:
         raise ConfigError(f"{source}: placement.mode=partial needs at least "
@@ -246,6 +280,27 @@ def check_world(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     if rest or per_rank % cfg.algorithm.mini_batches:
         raise ConfigError(f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
                           f"{world_size} ranks and then into algorithm.mini_batches={cfg.algorithm.mini_batches}")
+    folders = {"model.path": cfg.model.path, **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges}}
+    for field, folder in folders.items():
+        if not folder.is_dir():
+            raise ConfigError(f"{source}: {field}: model folder not found: {folder} (build the quickstart ones "
+                              "with `make quickstart` or `python launch/sft.py --config configs/sft_quickstart.yaml`)")
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"{source}: {field}: {folder} is not a Hugging Face model folder: config.json is missing")
+    for split in ("train", "eval"):
+        data = getattr(cfg.data, split)
+        missing = [str(f) for f in getattr(data, "files", []) if not f.is_file()]
+        if missing:
+            raise ConfigError(f"{source}: data.{split}.files: not found: {', '.join(missing)}")
+    positions = model_positions(cfg.model.path)
+    if positions and cfg.rollout_tokens > positions:
+        raise ConfigError(f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "
+                          f"(prompt + response tokens) but the model has {positions} positions; lower one of them")
+
+
+def model_positions(folder: Path) -> int | None:
+    """The model's max_position_embeddings (None if its config does not say)."""
+    return json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
 
 
 def load_experiment(path: str | Path, overrides: list[str] = (), placement: str | None = None) -> ExperimentConfig:

@@ -1,15 +1,11 @@
 """RL math as pure tensor functions: advantages, policy losses, KL estimators, loss aggregation.
 
 Per-token tensors are [B, T] with a mask [B, T] (1 = response token); nothing here mutates inputs.
+`ADVANTAGES` and `POLICY_LOSSES` name the estimators and losses the config may choose
+(`algorithm.advantage.kind`, `algorithm.policy_loss.kind`); each entry is one file (see `base.py`).
 """
 
-from yatt.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
-    broadcast_to_tokens,
-    gae_advantages,
-    get_advantage_estimator,
-    grpo_advantages,
-)
+from yatt.algorithms.advantages import broadcast_to_tokens, gae_advantages
 from yatt.algorithms.aggregation import (
     LOSS_AGGREGATIONS,
     aggregate_loss,
@@ -19,10 +15,17 @@ from yatt.algorithms.aggregation import (
     token_logprobs,
 )
 from yatt.algorithms.kl import KL_ESTIMATORS, get_kl_estimator, kl_estimate, kl_penalized_rewards
-from yatt.algorithms.policy_loss import POLICY_LOSSES, get_policy_loss, ppo_clip_loss
+from yatt.registry import Registry
+
+ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
+    "grpo": "yatt.algorithms.grpo:GRPO",
+})
+POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
+    "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",
+})
 
 __all__ = [
-    "ADVANTAGE_ESTIMATORS",
+    "ADVANTAGES",
     "KL_ESTIMATORS",
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
@@ -30,14 +33,10 @@ __all__ = [
     "broadcast_to_tokens",
     "entropy_from_logits",
     "gae_advantages",
-    "get_advantage_estimator",
     "get_kl_estimator",
-    "get_policy_loss",
-    "grpo_advantages",
     "kl_estimate",
     "kl_penalized_rewards",
     "masked_mean",
     "masked_sum",
-    "ppo_clip_loss",
     "token_logprobs",
 ]

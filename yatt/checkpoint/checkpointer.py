@@ -25,7 +25,7 @@ from yatt.distributed import World
 
 
 class Stateful(Protocol):
-    REPLICATED: tuple[str, ...]
+    replicated: tuple[str, ...]  # keys of state_dict() identical on every rank: saved once, by rank 0
 
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -116,7 +116,7 @@ class Checkpointer:
         start = time.perf_counter()
         self.writer.wait()  # the previous write, normally long finished: one write in flight at a time
         state = source.state_dict()
-        shared = {k: state.pop(k) for k in source.REPLICATED}
+        shared = {k: state.pop(k) for k in source.replicated}
         parts = {f"rank{self.world.rank}": snapshot(state)}
         if self.world.is_main:
             parts["shared"] = snapshot(shared)

@@ -1,22 +1,29 @@
-"""A Hugging Face policy folder written from a checkpoint snapshot (checkpoint.export_hf).
-
-It is written by the background writer from the host copy, so exporting costs no extra stall.
-"""
+"""A Hugging Face policy folder (safetensors + config + tokenizer) that transformers and vLLM load."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 from safetensors.torch import save_file
+from torch import Tensor
 
-from yatt.checkpoint.snapshot import Snapshot
-
-WEIGHTS_PREFIX = "trainer/model/"  # where ControllerShard.state_dict puts the policy weights
+from yatt.checkpoint.snapshot import Snapshot, restore
 
 
-def export_hf(folder: Path, snap: Snapshot, hf_config, tokenizer) -> None:
+def export_hf(folder: Path, weights: dict[str, Tensor], hf_config: Any, tokenizer: Any) -> None:
+    """`weights` under Hugging Face names, e.g. from a checkpoint's host copy (checkpoint.export_hf), which
+    the background writer exports so that it costs training no extra stall."""
     folder.mkdir(parents=True, exist_ok=True)
-    weights = {k[len(WEIGHTS_PREFIX):]: t for k, t in snap.tensors.items() if k.startswith(WEIGHTS_PREFIX)}
-    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: t.contiguous() for k, t in weights.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
     hf_config.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
+
+
+def export_snapshot(folder: Path, snap: Snapshot, key: str, hf_weights: Callable[[Any], dict[str, Tensor]],
+                    hf_config: Any, tokenizer: Any) -> None:
+    """Export the state saved under `key` of a checkpoint snapshot; `hf_weights` (the trainer's) finds the
+    Hugging Face-named weights in it."""
+    state = restore({key: snap.tree[key]}, snap.tensors)[key]
+    export_hf(folder, hf_weights(state), hf_config, tokenizer)

@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass, field
 
 from yatt.data.jsonl import DataError
 from yatt.data.rows import PromptRow
-from yatt.engines.base import Engine, SamplingSpec
+from yatt.engines.base import SamplingSpec
+from yatt.engines.client import EngineClient
 from yatt.rewards.rules import score
 
 
@@ -53,7 +54,7 @@ def encode_prompts(rows: list[PromptRow], tokenizer, max_prompt_tokens: int) -> 
     return encoded
 
 
-def generate_rollouts(engine: Engine, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
+def generate_rollouts(engine: EngineClient, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
                       tokenizer, seeds: list[int] | None) -> list[Rollout]:
     """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G))."""
     per_prompt = engine.generate(prompt_ids, sampling, seeds)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import signal
 import time
-from functools import partial
 
 import torch
 
 from yatt.checkpoint.checkpointer import Checkpointer, PreemptionFlag
-from yatt.checkpoint.export import export_hf
 from yatt.config import ExperimentConfig
 from yatt.config_loading import dump_config
+from yatt.controllers.components import build_components
 from yatt.controllers.metrics import MetricsLogger, keep_metrics_until
 from yatt.controllers.shard import ControllerShard
 from yatt.distributed import World
@@ -58,11 +57,10 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
     checkpoints.discard_newer(start_step)
 
     wall_start = time.perf_counter()
-    shard = ControllerShard(cfg, world, run_dir)
+    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir))
     if found:
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained
-    export = partial(export_hf, hf_config=shard.trainer.engine_model.config, tokenizer=shard.tokenizer)
     log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main)
     preemption = PreemptionFlag()
     try:
@@ -83,7 +81,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
             # The cheapest point to save: after the weight sync, before the next generation.
             signum = preemption.agreed(world)
             if signum or checkpoints.due(step):
-                checkpoints.save(step, shard, export)
+                checkpoints.save(step, shard, shard.export_checkpoint)
             if signum:
                 folder = checkpoints.finish()
                 if world.is_main:

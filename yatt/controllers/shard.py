@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from transformers import AutoTokenizer
 
-from yatt.algorithms import get_advantage_estimator, kl_estimate, kl_penalized_rewards, masked_sum
+from yatt.algorithms import kl_estimate, kl_penalized_rewards, masked_sum
+from yatt.algorithms.base import AdvantageInput
 from yatt.balance.exchange import Sample, rebalance
 from yatt.checkpoint.rng import rng_state, set_rng_state
+from yatt.checkpoint.export import export_snapshot
+from yatt.checkpoint.snapshot import Snapshot
 from yatt.config import ExperimentConfig
+from yatt.controllers.components import Components
 from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
-from yatt.controllers.objective import policy_objective
 from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
 from yatt.controllers.rollouts import Rollout, encode_prompts, generate_rollouts, sample_seed, score_rollouts
 from yatt.data.sources import load_shard
@@ -32,9 +34,8 @@ from yatt.genrm.judge import Judge
 from yatt.placement.metrics import device_metrics, judge_metrics, maxed, pool_metrics, summed
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
-from yatt.placement.services import ROLLOUT, EngineServices, judge_role
+from yatt.placement.services import ROLLOUT, judge_role
 from yatt.trainers.batch import TokenBatch
-from yatt.trainers.torch_trainer import TorchTrainer
 
 
 STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
@@ -56,33 +57,30 @@ class StageTimer:
 
 
 class ControllerShard:
-    # Components whose state is the same on every rank (DDP keeps weights and AdamW state in lockstep):
-    # a checkpoint stores them once, from rank 0; every other component is stored per rank.
-    REPLICATED = ("trainer",)
+    """Takes its trainer, engines and algorithm from `build_components`; owns the data and the step."""
 
-    def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path):
+    def __init__(self, cfg: ExperimentConfig, world: World, parts: Components):
         self.cfg, self.world = cfg, world
-        self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.path))
+        self.tokenizer, self.trainer, self.ref = parts.tokenizer, parts.trainer, parts.ref
+        self.engines, self.algorithm = parts.engines, parts.algorithm
         self.prompts_per_rank = cfg.data.prompts_per_step // world.size
         self.train_stream = PromptStream(load_shard(cfg.data.train, world.rank, world.size),
                                          seed=cfg.run.seed * 1009 + world.rank, shuffle=cfg.data.shuffle)
         self.eval_rows = (load_shard(cfg.data.eval, world.rank, world.size, limit=cfg.data.eval_prompts)
                           if cfg.data.eval is not None else [])
         self.eval_prompt_ids = encode_prompts(self.eval_rows, self.tokenizer, cfg.data.max_prompt_tokens)
-        torch.manual_seed(cfg.run.seed)
-        optimizer_steps = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
-        self.trainer = TorchTrainer(cfg.model.path, cfg.trainer, world, total_steps=optimizer_steps)
-        self.ref = TorchTrainer(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
-        self.services = EngineServices(cfg, world, run_dir)
-        self.services.policy_weights = self.trainer.named_weights
+        bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20
+        self.policy_weights = lambda: self.trainer.engine_weights(bucket_bytes)
+        self.engines.policy_weights = self.policy_weights
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
         self.schedule = GenerationSchedule(cfg.placement, world.size)
         self.placement = DeviceOwnership({
-            "rollout": HookRole(lambda: [e.sleep() for e in self.services.rollouts()],
-                                lambda: [e.wake() for e in self.services.rollouts()]),
-            "genrm": HookRole(lambda: [j.sleep() for j in self.services.judges()],
-                              lambda: [j.wake() for j in self.services.judges()]),
-            "train": HookRole(self.trainer.offload, self.trainer.onload),
+            "rollout": HookRole(lambda: [e.sleep() for e in self.engines.rollouts()],
+                                lambda: [e.wake() for e in self.engines.rollouts()]),
+            "genrm": HookRole(lambda: [j.sleep() for j in self.engines.judges()],
+                              lambda: [j.wake() for j in self.engines.judges()]),
+            "train": HookRole(lambda: [t.offload() for t in self._trainers()],
+                              lambda: [t.onload() for t in self._trainers()]),
         }, initial_owner="rollout")
         self.sampler = DynamicSampler(cfg.algorithm.dynamic_sampling) if cfg.algorithm.dynamic_sampling.enabled else None
         eos = self.tokenizer.eos_token_id
@@ -94,11 +92,14 @@ class ControllerShard:
         self.samples_trained = 0
         self.last_step = 0
 
+    def _trainers(self):
+        return [self.trainer] + ([self.ref] if self.ref else [])
+
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
         cfg, algo, timer = self.cfg, self.cfg.algorithm, StageTimer(STAGES)
-        restarted = self.services.heal()
-        busy_before = self.services.busy_seconds()
+        restarted = self.engines.heal()
+        busy_before = self.engines.busy_seconds()
         self._rounds: list[GenerationStats] = []
         rollouts, sampling_metrics = self._generate_and_reward(step, timer)
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
@@ -116,16 +117,15 @@ class ControllerShard:
                 if ref_lp is not None and algo.kl_mode == "reward":
                     kl = kl_estimate(old_lp, ref_lp, algo.kl_estimator)
                     rewards = kl_penalized_rewards(rewards, kl, batch.mask, algo.kl_coef)
-                estimator = get_advantage_estimator(algo.advantage)
-                advantages = estimator(rewards, cfg.rollout.group_size, normalize_std=algo.normalize_std)
+                advantages = self.algorithm.advantages(
+                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world))
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
             if ref_lp is not None:
                 batch.extras["ref_logprobs"] = ref_lp
             with timer("update"):
                 update = self._update(batch, step)
         with timer("sync"), self.placement.own("rollout"):
-            for engine in self.services.rollouts():
-                engine.update_weights(self.trainer.named_weights())
+            self.engines.push_weights(self.policy_weights())
         self.samples_trained += len(samples)
         metrics = self._step_metrics(samples, batch, entropy, ref_lp, update, timer)
         metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
@@ -141,17 +141,17 @@ class ControllerShard:
         common = dict(step=step, round_=round_, run_seed=cfg.run.seed)
         if cfg.placement.mode == "full":  # this device: rollout, then GenRM
             rank = [self.world.rank]
-            lanes = {name: JudgeLane(j, self.services.pool(judge_role(name), rank)) for name, j in self.judges.items()}
+            lanes = {name: JudgeLane(j, self.engines.pool(judge_role(name), rank)) for name, j in self.judges.items()}
             with self.placement.own("rollout"):
                 return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
-                                          self.services.pool(ROLLOUT, rank), lanes, stream=False,
+                                          self.engines.pool(ROLLOUT, rank), lanes, stream=False,
                                           before_judging=lambda: self.placement.acquire("genrm"), **common)
         split = self.schedule.split
-        lanes = {name: JudgeLane(j, self.services.pool(judge_role(name), split.genrm))
+        lanes = {name: JudgeLane(j, self.engines.pool(judge_role(name), split.genrm))
                  for name, j in self.judges.items()}
         with self.placement.own(split.role_of(self.world.rank)):
             return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
-                                      self.services.pool(ROLLOUT, split.rollout), lanes, stream=True, **common)
+                                      self.engines.pool(ROLLOUT, split.rollout), lanes, stream=True, **common)
 
     def _generate_and_reward(self, step: int, timer: StageTimer) -> tuple[list[Rollout], dict[str, float]]:
         """This step's scored groups: one round of prompts_per_rank, or dynamic sampling's kept groups."""
@@ -197,8 +197,8 @@ class ControllerShard:
         algo, group = self.cfg.algorithm, self.cfg.rollout.group_size
         generator = torch.Generator().manual_seed(self.cfg.run.seed * 7919 + step * 31 + self.world.rank)
         num_groups = len(batch) // group
-        totals = dict.fromkeys(("tokens", "clip_frac_sum", "dual_clip_frac_sum", "policy_loss_sum", "approx_kl_sum",
-                                "grad_norm", "lr", "optimizer_steps"), 0.0)  # a rank may hold no samples
+        # the same keys on every rank, even one that holds no samples
+        totals = dict.fromkeys(("tokens", *self.algorithm.stats, "grad_norm", "lr", "skipped", "optimizer_steps"), 0.0)
         for _ in range(algo.ppo_epochs):
             order = torch.randperm(num_groups, generator=generator)
             # exactly mini_batches chunks (some maybe empty) on every rank: ranks hold different group counts
@@ -208,8 +208,8 @@ class ControllerShard:
                 tokens, seqs = self.world.sum([float(mini.mask.sum()), float(len(mini))])
                 if seqs == 0:
                     continue  # no rank has data for this mini-batch (all ranks agree)
-                loss_fn = policy_objective(algo, tokens / self.world.size, seqs / self.world.size,
-                                           norm_length=self.cfg.rollout.max_new_tokens)
+                loss_fn = self.algorithm.objective(tokens / self.world.size, seqs / self.world.size,
+                                                   norm_length=self.cfg.rollout.max_new_tokens)
                 stats = self.trainer.train_mini_batch(mini, loss_fn)
                 stats["optimizer_steps"] = 1.0
                 for k, v in stats.items():
@@ -239,10 +239,7 @@ class ControllerShard:
             "solved_groups": float((groups.max(dim=1).values >= 1.0).sum()),
             "groups": float(groups.shape[0]),
             "tokens": update["tokens"],
-            "clip": update["clip_frac_sum"],
-            "dual_clip": update["dual_clip_frac_sum"],
-            "policy_loss": update["policy_loss_sum"],
-            "approx_kl": update["approx_kl_sum"],
+            **{f"actor/{name}": update[name] for name in self.algorithm.stats},  # sums over trained tokens
         }
         s = dict(zip(local, self.world.sum(list(local.values()))))
         stage_names = sorted(timer.seconds)
@@ -258,14 +255,12 @@ class ControllerShard:
             "response/length_mean": s["resp_tokens"] / den["samples"],
             "response/length_max": maxes[0],
             "response/truncated_frac": s["truncated"] / den["samples"],
+            **{f"actor/{name}": s[f"actor/{name}"] / den["tokens"] for name in self.algorithm.stats},
             "actor/entropy": s["entropy"] / den["resp_tokens"],
-            "actor/policy_loss": s["policy_loss"] / den["tokens"],
-            "actor/clip_frac": s["clip"] / den["tokens"],
-            "actor/dual_clip_frac": s["dual_clip"] / den["tokens"],
-            "actor/approx_kl": s["approx_kl"] / den["tokens"],
             "actor/kl_ref": s["kl_ref"] / den["resp_tokens"],
             "actor/grad_norm": update["grad_norm"] / steps,
             "actor/lr": update["lr"] / steps,
+            "actor/skipped_steps": update["skipped"],
             "rollout/trainer_logprob_diff_mean": s["lp_diff"] / den["resp_tokens"],
             "rollout/trainer_logprob_diff_max": maxes[1],
             "rollout/samples": s["samples"],
@@ -279,7 +274,7 @@ class ControllerShard:
     def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer,
                            busy_before: dict[str, float], restarted: int) -> dict[str, float]:
         """Per-device time per role and idle fraction, judge throughput and queue; picks the next split."""
-        busy = {role: max(0.0, s - busy_before.get(role, 0.0)) for role, s in self.services.busy_seconds().items()}
+        busy = {role: max(0.0, s - busy_before.get(role, 0.0)) for role, s in self.engines.busy_seconds().items()}
         rollout_busy = busy.pop(ROLLOUT, 0.0)
         judge_busy = sum(busy.values())
         train_busy = timer.seconds["logprobs"] + timer.seconds["update"]
@@ -301,6 +296,12 @@ class ControllerShard:
         return out
 
     # ---- checkpoint state ------------------------------------------------------------------------
+    @property
+    def replicated(self) -> tuple[str, ...]:
+        """Parts of state_dict() that are the same on every rank: a checkpoint stores them once, from rank 0
+        (a trainer whose ranks hold shards of the model saves its own part on every rank instead)."""
+        return ("trainer",) if self.trainer.replicated else ()
+
     def state_dict(self) -> dict[str, dict]:
         """Everything resuming needs, as named component states (live references; yatt.checkpoint copies
         them). A new stateful component adds one key here and in
@@ -318,8 +319,7 @@ class ControllerShard:
         if self.sampler:
             self.sampler.load_state_dict(state["sampler"])
         with self.placement.own("rollout"):
-            for engine in self.services.rollouts():
-                engine.update_weights(self.trainer.named_weights())
+            self.engines.push_weights(self.policy_weights())
         self.placement.take_metrics()  # the load's timing is not the first step's
         set_rng_state(state["rng"])
 
@@ -330,7 +330,7 @@ class ControllerShard:
             return {}
         start = time.perf_counter()
         with self.placement.own("rollout"):
-            rollouts = generate_rollouts(self.services.rollout, self.eval_rows, self.eval_prompt_ids, self.greedy,
+            rollouts = generate_rollouts(self.engines.rollout, self.eval_rows, self.eval_prompt_ids, self.greedy,
                                          self.tokenizer, None)
         score_rollouts(rollouts)
         total, count = self.world.sum([sum(r.reward for r in rollouts), float(len(rollouts))])
@@ -339,5 +339,10 @@ class ControllerShard:
     def export_policy(self, folder: Path) -> None:
         self.trainer.save_hf(folder, self.tokenizer)
 
+    def export_checkpoint(self, folder: Path, snap: Snapshot) -> None:
+        """The policy as a Hugging Face folder, from a checkpoint's host copy of the replicated state
+        (checkpoint.export_hf; runs in the background writer)."""
+        export_snapshot(folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config, self.tokenizer)
+
     def close(self) -> None:
-        self.services.close()
+        self.engines.close()

@@ -1,4 +1,4 @@
-"""Start an engine child process and talk to it through the `Engine` interface.
+"""Start an engine child process and talk to it over RPC (`EngineClient`).
 
 The engine runs in its own process because an in-process vLLM inside a torchrun rank adopts
 torchrun's process group (and destroys it on shutdown), reseeds the global RNG and pins torch's
@@ -10,21 +10,19 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 import yatt
-from yatt.engines.base import Completion, SamplingSpec
+from yatt.engines.base import Completion, SamplingSpec, weight_buckets
 from yatt.engines.config import EngineConfig
 from yatt.transport.codec import new_secret
 from yatt.transport.rpc import RpcClient
@@ -36,7 +34,6 @@ TORCHRUN_VARS = frozenset({
 TORCHRUN_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
 
 
 class EngineStartError(RuntimeError):
@@ -74,35 +71,8 @@ def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> di
     return env
 
 
-def weight_buckets(
-    named_tensors: list[tuple[str, torch.Tensor]], max_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Split into messages of at most ``max_bytes``, never splitting one decoder layer.
-
-    vLLM reloads fused modules (qkv_proj, gate_up_proj) layer by layer: a module that receives
-    only some of its parts in one reload is silently left half-updated. Keeping each
-    ``*.layers.N.*`` group (or each module outside the layers) whole avoids that; a group larger
-    than ``max_bytes`` is sent alone.
-    """
-    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
-    for name, t in named_tensors:
-        m = _LAYER.match(name)
-        groups.setdefault(m.group(1) if m else name.rpartition(".")[0], []).append((name, t))
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for items in groups.values():
-        n = sum(t.numel() * t.element_size() for _, t in items)
-        if bucket and size + n > max_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.extend(items)
-        size += n
-    if bucket:
-        yield bucket
-
-
 class EngineClient:
-    """The `Engine` interface over RPC to an engine process.
+    """A controller's handle on one engine process (whatever `RolloutEngine` backend it serves), over RPC.
 
     `spawn_engine` returns one that owns its child process (and stops it on `close`); `connect_engine`
     returns one for an engine another rank owns (close only drops the connection). Generation is
@@ -124,6 +94,20 @@ class EngineClient:
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
+
+    @property
+    def owned(self) -> bool:
+        """Whether this client started the engine's process (and stops it on close)."""
+        return self.proc is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def alive(self) -> bool:
+        """False once the engine process this client owns has exited (an engine it does not own is
+        reported dead by its calls, not here)."""
+        return self.proc is None or self.proc.poll() is None
 
     def _check_alive(self) -> None:
         rc = self.proc.poll() if self.proc else None

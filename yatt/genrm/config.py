@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Union
 
@@ -31,14 +30,6 @@ class JudgeConfig(BaseModel):
     weight: float = Field(1.0, ge=0.0, description="Weight of this judge in the reward mix.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The judge's engine processes.")
 
-    @field_validator("model")
-    @classmethod
-    def _folder_exists(cls, path: Path) -> Path:
-        if not (path / "config.json").is_file():
-            raise ValueError(f"judge model folder not found or not a Hugging Face folder: {path} (build the "
-                             "quickstart judge with `python launch/sft.py --config configs/sft_judge.yaml`)")
-        return path
-
     @field_validator("template")
     @classmethod
     def _template_fields(cls, template: str) -> str:
@@ -49,7 +40,4 @@ class JudgeConfig(BaseModel):
         if self.repeats > 1 and self.temperature == 0.0:
             raise ValueError(f"judge {self.name!r}: repeats={self.repeats} with temperature 0 repeats the same "
                              "greedy verdict; set temperature > 0 or repeats: 1")
-        if self.engine.max_model_len is None:  # the judge reads prompt + response: give it the model's context
-            positions = json.loads((self.model / "config.json").read_text()).get("max_position_embeddings")
-            self.engine.max_model_len = positions
         return self

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from transformers import AutoTokenizer
 
 from yatt.engines.base import Completion, SamplingSpec
+from yatt.engines.config import EngineConfig
 from yatt.genrm.config import JudgeConfig
 from yatt.genrm.mixing import mean_over_repeats
 from yatt.genrm.template import render
@@ -18,13 +20,21 @@ class JudgeScore:
     unparseable: int  # repeats whose verdict could not be read
 
 
+def judge_engine(cfg: JudgeConfig) -> EngineConfig:
+    """The judge's engine config, its context defaulting to the model's (the judge reads prompt + response)."""
+    if cfg.engine.max_model_len is not None:
+        return cfg.engine
+    positions = json.loads((cfg.model / "config.json").read_text()).get("max_position_embeddings")
+    return cfg.engine.model_copy(update={"max_model_len": positions})
+
+
 class Judge:
     def __init__(self, cfg: JudgeConfig):
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model))
         self.sampling = SamplingSpec(n=cfg.repeats, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
                                      stop_token_ids=[self.tokenizer.eos_token_id], logprobs=False)
-        self.max_prompt_tokens = cfg.engine.max_model_len - cfg.max_tokens
+        self.max_prompt_tokens = judge_engine(cfg).max_model_len - cfg.max_tokens
 
     def prompt_ids(self, question: str, reference: str | None, response: str) -> list[int]:
         ids = self.tokenizer(render(self.cfg.template, question, reference, response),

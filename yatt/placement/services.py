@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterator
 from pathlib import Path
+
+from typing import Callable
 
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
+from yatt.engines.base import NamedTensors
 from yatt.engines.client import EngineClient, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
+from yatt.genrm.judge import judge_engine
 from yatt.transport.codec import new_secret
 
 ROLLOUT = "rollout"
@@ -31,21 +36,30 @@ def derive_secret(run_secret: bytes, role: str, rank: int) -> bytes:
     return hmac.new(run_secret, f"engine:{role}:{rank}".encode(), hashlib.sha256).digest()
 
 
+# spawn(model_path, engine config, seed, log_path, secret) -> a client owning a started engine
+Spawn = Callable[..., EngineClient]
+
+
 class EngineServices:
-    def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path):
-        self.cfg, self.world, self.run_dir = cfg, world, run_dir
+    """`spawn` starts one engine (default: a child process, `spawn_engine`); tests pass in-process fakes."""
+
+    def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path, spawn: Spawn = spawn_engine):
+        self.cfg, self.world, self.run_dir, self.spawn = cfg, world, run_dir, spawn
         if world.is_main:
             world.publish("run_secret", new_secret().hex())
         self.run_secret = bytes.fromhex(world.lookup("run_secret"))
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
         self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
+        rollout_engine = cfg.rollout.engine.model_copy(
+            update={"max_model_len": cfg.rollout.engine.max_model_len or cfg.rollout_tokens})
         self.specs: dict[str, tuple[str, EngineConfig, int]] = {
-            role: (str(cfg.model.path), cfg.rollout.engine, cfg.run.seed + world.rank + i * world.size)
+            role: (str(cfg.model.path), rollout_engine, cfg.run.seed + world.rank + i * world.size)
             for i, role in enumerate(self.rollout_roles)}
         for j in cfg.reward.judges:
-            self.specs[judge_role(j.name)] = (str(j.model), j.engine, cfg.run.seed + 1000 + world.rank)
+            self.specs[judge_role(j.name)] = (str(j.model), judge_engine(j), cfg.run.seed + 1000 + world.rank)
         self.local: dict[str, EngineClient] = {}
-        self.policy_weights = None  # set by the shard: () -> named tensors, pushed into a restarted rollout engine
+        # () -> the policy's weight buckets; set by the shard, pushed into a restarted rollout engine
+        self.policy_weights: Callable[[], Iterator[NamedTensors]] | None = None
         self.generation = 0
         for role in self.specs:
             self._start(role)
@@ -55,11 +69,12 @@ class EngineServices:
         model, engine_cfg, seed = self.specs[role]
         self.generation += 1
         log = self.run_dir / "logs" / f"engine-{role}-rank{self.world.rank}-{self.generation}.log"
-        client = spawn_engine(model, engine_cfg, seed=seed, log_path=log,
-                              secret=derive_secret(self.run_secret, role, self.world.rank))
+        client = self.spawn(model, engine_cfg, seed=seed, log_path=log,
+                            secret=derive_secret(self.run_secret, role, self.world.rank))
         self.local[role] = client
         if role in self.rollout_roles and self.policy_weights is not None:
-            client.update_weights(self.policy_weights())
+            for bucket in self.policy_weights():
+                client.update_weights(bucket)
         self.world.publish(f"engine/{role}/{self.world.rank}", client.endpoint)
         return client
 
@@ -73,9 +88,15 @@ class EngineServices:
     def judges(self) -> list[EngineClient]:
         return [c for role, c in self.local.items() if role not in self.rollout_roles]
 
+    def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
+        """Load the policy's weights into this rank's rollout engines, one bucket at a time."""
+        for bucket in buckets:
+            for engine in self.rollouts():
+                engine.update_weights(bucket)
+
     def heal(self) -> int:
         """Restart this rank's dead engines (called between steps, by every rank); returns how many."""
-        dead = [role for role, c in self.local.items() if c.proc is not None and c.proc.poll() is not None]
+        dead = [role for role, c in self.local.items() if not c.alive()]
         for role in dead:
             self.local[role].close()
             self._start(role)
@@ -89,7 +110,7 @@ class EngineServices:
         if rank == self.world.rank:
             return self.local[role]
         key = (role, rank)
-        if key not in self._remote or self._remote[key]._closed:
+        if key not in self._remote or self._remote[key].closed:
             endpoint = self.world.lookup(f"engine/{role}/{rank}")
             self._remote[key] = connect_engine(endpoint, derive_secret(self.run_secret, role, rank),
                                                self.specs[role][1])
@@ -102,7 +123,7 @@ class EngineServices:
 
         def respawn(_: str) -> EngineClient:
             own = self.local[kind]
-            return own if own.proc.poll() is None else self._start(kind)
+            return own if own.alive() else self._start(kind)
         return EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks for role in roles}, respawn=respawn)
 
     def busy_seconds(self) -> dict[str, float]:

@@ -1,7 +1,7 @@
 """The `torch` training backend: a Hugging Face causal LM, DDP across ranks, AdamW, micro-batches.
 
-It knows nothing about RL: callers hand it a loss function (logits, micro-batch) -> (loss, stats),
-so the policy objective, a critic's value loss or an SFT loss all run through the same update.
+Implements `yatt.trainers.base.Trainer`. Every rank holds the whole model and optimizer state (DDP keeps
+them identical), so checkpoints store them once and weights go to engines from the local copy.
 """
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -20,9 +21,11 @@ from yatt.algorithms import entropy_from_logits, token_logprobs
 from yatt.balance.packing import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
+from yatt.engines.base import NamedTensors, weight_buckets
+from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
 
-LossFn = Callable[[Tensor, TokenBatch], tuple[Tensor, dict[str, float]]]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def lr_factor(step: int, cfg: TrainerConfig, total_steps: int) -> float:
@@ -35,29 +38,29 @@ def lr_factor(step: int, cfg: TrainerConfig, total_steps: int) -> float:
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def load_causal_lm(path: str | Path, device: torch.device) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return model.to(device)
-
-
 class TorchTrainer:
-    """Owns one model (trainable with an optimizer, or frozen as a reference) on this rank's device."""
+    """Owns one model (trainable with an optimizer, or frozen as a reference) on this rank's device.
+
+    trainer.dtype is the dtype of the weights, gradients and optimizer state (bfloat16 halves memory; the
+    log-probs and the loss are still computed in float32 from the logits).
+    """
+
+    replicated = True
 
     def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
                  total_steps: int = 1):
         self.cfg, self.world, self.trainable = cfg, world, trainable
-        self.model = load_causal_lm(model_path, world.device)
+        self.module = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[cfg.dtype]).to(world.device)
+        self.model = self.module  # what forward/backward runs: the module, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
         if not trainable:
-            self.model.eval().requires_grad_(False)
-            self.engine_model = self.model
+            self.module.eval().requires_grad_(False)
             return
-        self.model.train()
-        self.engine_model = self.model  # the unwrapped module, whose names are the HF names
+        self.module.train()
         if world.size > 1:
-            self.model = DistributedDataParallel(self.model)
-        self.optimizer = torch.optim.AdamW(self.engine_model.parameters(), lr=cfg.lr, betas=cfg.betas,
+            self.model = DistributedDataParallel(self.module)
+        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
@@ -74,10 +77,10 @@ class TorchTrainer:
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask)."""
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
-        model = self.engine_model  # no DDP hooks for a forward without backward
         for rows in self.micro_batches(batch):
             mb = batch.select(rows).to(self.world.device)
-            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+            # the bare module: no DDP hooks for a forward without backward
+            out = self.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
             logits = out.logits[:, :-1].float()
             rows, width = torch.tensor(rows)[:, None], torch.arange(logits.shape[1])
             logps[rows, width] = (token_logprobs(logits, mb.input_ids[:, 1:]) * mb.mask).cpu()
@@ -111,14 +114,14 @@ class TorchTrainer:
                 loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.engine_model.parameters(), self.cfg.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.optimizer_steps += 1
         return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                "skipped_step": float(not math.isfinite(grad_norm))}
+                "skipped": float(not math.isfinite(grad_norm))}
 
     def _zero_loss(self) -> Tensor:
         """A pass through every parameter with zero gradient: keeps DDP in step on a rank out of data."""
@@ -126,7 +129,7 @@ class TorchTrainer:
         return self.model(input_ids=one, attention_mask=torch.ones_like(one), use_cache=False).logits.sum() * 0.0
 
     def _state_tensors(self) -> list[Tensor]:
-        tensors = [p.data for p in self.engine_model.parameters()]
+        tensors = [p.data for p in self.module.parameters()]
         if self.optimizer is not None:
             tensors += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
         return tensors
@@ -138,10 +141,11 @@ class TorchTrainer:
         """
         nbytes = sum(t.numel() * t.element_size() for t in self._state_tensors())
         if self.world.device.type == "cpu":
-            return {"moved_bytes": 0, "resident_bytes": nbytes}
+            return {"moved_bytes": 0, "resident_bytes": nbytes, "freed_bytes": 0}
+        before = torch.cuda.memory_allocated(self.world.device)
         self._move_state(torch.device("cpu"))
         torch.cuda.empty_cache()
-        return {"moved_bytes": nbytes}
+        return {"moved_bytes": nbytes, "freed_bytes": before - torch.cuda.memory_allocated(self.world.device)}
 
     def onload(self) -> dict:
         if self.world.device.type == "cpu":
@@ -150,16 +154,19 @@ class TorchTrainer:
         return {"moved_bytes": sum(t.numel() * t.element_size() for t in self._state_tensors())}
 
     def _move_state(self, device: torch.device) -> None:
-        self.engine_model.to(device)
+        self.module.to(device)
         if self.optimizer is not None:
             for state in self.optimizer.state.values():
                 for k, v in state.items():
                     if torch.is_tensor(v) and k != "step":
                         state[k] = v.to(device, non_blocking=True)
 
-    def named_weights(self) -> list[tuple[str, Tensor]]:
-        """Parameters under their Hugging Face names, detached, for the rollout engines."""
-        return [(name, p.detach()) for name, p in self.engine_model.named_parameters()]
+    def named_weights(self) -> NamedTensors:
+        """Parameters under their Hugging Face names, detached (tied weights once)."""
+        return [(name, p.detach()) for name, p in self.module.named_parameters()]
+
+    def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
+        return weight_buckets(self.named_weights(), bucket_bytes)
 
     def state_dict(self) -> dict:
         """Live references (no copies) to what resuming needs: weights under HF names, AdamW state, the
@@ -171,7 +178,7 @@ class TorchTrainer:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        params = dict(self.engine_model.named_parameters())
+        params = dict(self.module.named_parameters())
         if set(params) != set(state["model"]):
             missing, extra = sorted(set(params) - set(state["model"])), sorted(set(state["model"]) - set(params))
             raise ValueError(f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
@@ -182,6 +189,13 @@ class TorchTrainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
 
-    def save_hf(self, folder: str | Path, tokenizer) -> None:
-        self.engine_model.save_pretrained(str(folder))
+    def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
+        return dict(state["model"])
+
+    @property
+    def hf_config(self) -> Any:
+        return self.module.config
+
+    def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
+        self.module.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))

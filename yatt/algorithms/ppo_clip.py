@@ -1,16 +1,26 @@
-"""Policy-gradient losses. Each returns a per-token loss [B, T] (0 where masked) and a stats dict."""
+"""PPO's clipped surrogate policy loss, with clip-higher (DAPO) and dual-clip."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.base import ComponentConfig, PolicyLoss
 
-# Same reasoning as in kl.py: keeps exp() finite for tokens whose probability moved enormously.
+# Keeps exp() finite for tokens whose probability moved enormously (see kl.py).
 LOG_RATIO_CLAMP = 20.0
+
+
+class PPOClipConfig(ComponentConfig):
+    kind: Literal["ppo_clip"] = "ppo_clip"
+    clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="Ratio floor 1 - clip_low.")
+    clip_high: float = Field(0.2, gt=0.0, description="Ratio ceiling 1 + clip_high; above clip_low for "
+                             "clip-higher (DAPO).")
+    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip bound c for negative advantages.")
 
 
 def ppo_clip_loss(
@@ -18,9 +28,7 @@ def ppo_clip_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    dual_clip: float | None = None,
+    cfg: PPOClipConfig,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate per token, with optional clip-higher (DAPO) and dual-clip.
 
@@ -33,8 +41,7 @@ def ppo_clip_loss(
     `advantages` is [B] (one per sequence, broadcast over tokens) or [B, T]. Stats are detached
     0-dim masked means over valid tokens: clip_frac, dual_clip_frac, ratio_mean, approx_kl.
     """
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+    clip_low, clip_high, dual_clip = cfg.clip_low, cfg.clip_high, cfg.dual_clip
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.expand_as(logprobs)
@@ -65,14 +72,5 @@ def ppo_clip_loss(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
-POLICY_LOSSES: dict[str, Callable[..., tuple[Tensor, dict[str, Tensor]]]] = {
-    "ppo_clip": ppo_clip_loss
-}
-
-
-def get_policy_loss(name: str) -> Callable[..., tuple[Tensor, dict[str, Tensor]]]:
-    """Look up a policy loss by name."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}") from None
+PPO_CLIP = PolicyLoss(config=PPOClipConfig, compute=ppo_clip_loss,
+                      stats=("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl"))

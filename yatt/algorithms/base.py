@@ -1,0 +1,51 @@
+"""What an advantage estimator and a policy loss are, so that a new one is one file and one registry line.
+
+An entry pairs a pure function with its own config section (a pydantic model whose `kind` field is the
+registry name) and the names of the statistics it reports; `yatt.algorithms.objective.Algorithm` puts the
+configured pair together for the controller, which logs every declared statistic as `actor/<name>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from yatt.distributed import World
+
+
+class ComponentConfig(BaseModel):
+    """Base of every algorithm component's config section; `kind` names the registry entry."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+
+
+@dataclass
+class AdvantageInput:
+    """What an estimator may read about the samples of this rank (consecutive groups of `group_size`)."""
+
+    rewards: Tensor  # [N] sequence rewards (KL-penalised when algorithm.kl_mode = reward)
+    mask: Tensor  # [N, T] response tokens
+    group_size: int
+    world: World | None = None  # for estimators that normalise over the global batch
+
+
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    config: type[ComponentConfig]
+    # (input, its config) -> advantages [N] (per sequence) or [N, T] (per token)
+    compute: Callable[[AdvantageInput, Any], Tensor]
+    needs_groups: bool  # advantages relative to the group: each prompt's samples must stay on one rank
+
+
+@dataclass(frozen=True)
+class PolicyLoss:
+    config: type[ComponentConfig]
+    # (logprobs, old_logprobs, advantages, mask, its config) -> (per-token loss [B, T], 0 where masked;
+    # {stat: masked mean over this micro-batch's response tokens}): one signature for every loss
+    compute: Callable[[Tensor, Tensor, Tensor, Tensor, Any], tuple[Tensor, dict[str, Tensor]]]
+    stats: tuple[str, ...]  # the keys of the stats dict, logged as actor/<stat> (token-weighted means)

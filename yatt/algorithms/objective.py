@@ -1,0 +1,66 @@
+"""The configured algorithm of a run: advantages from rewards, and the loss the trainer minimises.
+
+`Algorithm` joins the registered advantage estimator and policy loss that `algorithm.advantage.kind` and
+`algorithm.policy_loss.kind` name with the loss aggregation and the KL term. The controller needs nothing
+else: a new estimator or loss is added in its own file and registry line, not here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from torch import Tensor
+
+from yatt.algorithms import ADVANTAGES, POLICY_LOSSES
+from yatt.algorithms.aggregation import aggregate_loss, masked_sum, token_logprobs
+from yatt.algorithms.base import AdvantageInput
+from yatt.algorithms.kl import kl_estimate
+from yatt.trainers.batch import TokenBatch
+
+if TYPE_CHECKING:
+    from yatt.config import AlgorithmConfig
+
+LossFn = Callable[[Tensor, TokenBatch], tuple[Tensor, dict[str, float]]]
+
+
+class Algorithm:
+    def __init__(self, cfg: AlgorithmConfig):
+        self.cfg = cfg
+        self.estimator = ADVANTAGES.get(cfg.advantage.kind)
+        self.loss = POLICY_LOSSES.get(cfg.policy_loss.kind)
+        self.kl_in_loss = cfg.kl_coef > 0 and cfg.kl_mode == "loss"
+
+    @property
+    def stats(self) -> tuple[str, ...]:
+        """What every loss_fn call reports as sums over its tokens (plus "tokens", the count)."""
+        return ("policy_loss", *self.loss.stats) + (("kl_loss",) if self.kl_in_loss else ())
+
+    def advantages(self, inp: AdvantageInput) -> Tensor:
+        return self.estimator.compute(inp, self.cfg.advantage)
+
+    def objective(self, num_tokens: float, num_seqs: float, norm_length: int) -> LossFn:
+        """A loss function for `Trainer.train_mini_batch`: (logits [B, L-1, V], micro-batch) -> (loss, sums).
+
+        num_tokens / num_seqs are the mini-batch's global counts divided by the world size: summing
+        micro-batch losses and letting data parallelism average over ranks then gives exactly the loss of
+        the whole global mini-batch, whatever the micro-batch and rank split. Stats come back as sums over
+        the micro-batch's response tokens, so callers add them up and divide by the global token count.
+        """
+        cfg = self.cfg
+
+        def loss_fn(logits: Tensor, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
+            logp = token_logprobs(logits, mb.input_ids[:, 1:])
+            token_loss, stats = self.loss.compute(logp, mb.extras["old_logprobs"], mb.extras["advantages"],
+                                                  mb.mask, cfg.policy_loss)
+            tokens = float(mb.mask.sum())
+            sums = {"tokens": tokens, "policy_loss": float(masked_sum(token_loss.detach(), mb.mask))}
+            sums.update({k: float(stats[k]) * tokens for k in self.loss.stats})
+            if self.kl_in_loss:
+                kl = kl_estimate(logp, mb.extras["ref_logprobs"], cfg.kl_estimator)
+                token_loss = token_loss + cfg.kl_coef * kl
+                sums["kl_loss"] = float(masked_sum(kl.detach(), mb.mask))
+            loss = aggregate_loss(token_loss, mb.mask, cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
+                                  norm_length=norm_length)
+            return loss, sums
+
+        return loss_fn

@@ -1,0 +1,67 @@
+"""What a controller shard needs from a training backend (`Trainer`).
+
+Backends are registered in `yatt.trainers.TRAINERS` under the name `trainer.backend` selects and built as
+``Backend(model_path, cfg: TrainerConfig, world, trainable=True, total_steps=1)``; `trainable=False` is
+a frozen reference model (log-probs only). A backend knows nothing about RL: the controller hands it a
+loss function, so the policy objective, a value loss or an SFT loss run through the same update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from torch import Tensor
+
+from yatt.engines.base import NamedTensors
+from yatt.trainers.batch import TokenBatch
+
+# (logits [B, L-1, V] float32 of the micro-batch, the micro-batch) -> (loss, {stat: sum over its tokens})
+LossFn = Callable[[Tensor, TokenBatch], tuple[Tensor, dict[str, float]]]
+
+
+class Trainer(Protocol):
+    # True: every rank holds the same full state (DDP), so a checkpoint stores it once, from rank 0.
+    # False: each rank holds its own shard (TP/PP/FSDP) and saves it with its rank's files.
+    replicated: bool
+
+    def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Per-token log-probs (and entropies) of the batch's own tokens, [B, L-1] on CPU, 0 outside the mask."""
+        ...
+
+    def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
+        """One optimizer step over `batch` (every rank calls it together); the loss_fn sums plus grad_norm,
+        lr and skipped (1.0 when a non-finite gradient norm skipped the step)."""
+        ...
+
+    def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
+        """The policy's weights under Hugging Face names, in buckets of about `bucket_bytes` that never
+        split a decoder layer (engines reload fused modules whole). A sharded backend gathers its shards
+        bucket by bucket, so no rank holds the whole model twice."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Live references to what resuming needs (this rank's shard if not `replicated`)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
+        """The Hugging Face-named policy weights within a (snapshot of a) `state_dict()` (checkpoint export)."""
+        ...
+
+    @property
+    def hf_config(self) -> Any:
+        """The policy's transformers config (written next to exported weights)."""
+        ...
+
+    def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
+        """Write the policy as a Hugging Face folder (safetensors, config, tokenizer)."""
+        ...
+
+    def offload(self) -> dict[str, Any]:
+        """Free the device for another role (weights, gradients, optimizer state to host); says what moved."""
+        ...
+
+    def onload(self) -> dict[str, Any]: ...
