@@ -282,6 +282,7 @@ class ControllerShard:
         load = summed(self.world, {"load/rollout_busy_s": rollout_busy, "load/genrm_busy_s": judge_busy})
         split = self.schedule.split
         out = {**load, **maxed(self.world, {"placement/switch_s": owned["placement/switch_s"],
+                                            "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
                                             "time/rollout_phase_s": gen.rollout_s, "time/judge_tail_s": gen.judge_tail_s}),
                "placement/switches": owned["placement/switches"], "placement/engine_restarts": float(restarted),
                "placement/rollout_devices": float(len(split.rollout) if split else self.world.size),

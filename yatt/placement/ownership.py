@@ -43,6 +43,7 @@ class DeviceOwnership:
         self.since = time.perf_counter()
         self.switch_seconds = 0.0
         self.switches = 0
+        self.freed_bytes = 0  # accelerator memory the offloads reported freeing (0 on CPU)
         self.owned_seconds: dict[str, float] = {}
 
     def _charge(self, now: float) -> None:
@@ -58,7 +59,9 @@ class DeviceOwnership:
         start = time.perf_counter()
         self._charge(start)
         if self.owner is not None:
-            self.roles[self.owner].offload()
+            report = self.roles[self.owner].offload()
+            reports = report if isinstance(report, list) else [report]  # a role may be several engines
+            self.freed_bytes += sum(int(r.get("freed_bytes", 0)) for r in reports if isinstance(r, dict))
         self.roles[role].onload()
         self.owner = role
         self.since = time.perf_counter()
@@ -76,5 +79,6 @@ class DeviceOwnership:
         out = {f"placement/owned_{role}_s": s for role, s in self.owned_seconds.items()}
         out["placement/switch_s"] = self.switch_seconds
         out["placement/switches"] = float(self.switches)
-        self.owned_seconds, self.switch_seconds, self.switches = {}, 0.0, 0
+        out["placement/offload_freed_bytes"] = float(self.freed_bytes)
+        self.owned_seconds, self.switch_seconds, self.switches, self.freed_bytes = {}, 0.0, 0, 0
         return out
