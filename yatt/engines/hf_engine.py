@@ -1,0 +1,272 @@
+"""A transformers causal LM behind the `RolloutEngine` interface (``rollout.engine.backend: hf``).
+
+The engine for machines without vLLM (e.g. a GPU box with only torch) and a reference to check vLLM
+against: a plain KV-cache decode loop over ``AutoModelForCausalLM``, no custom kernels. Batches are
+left-padded (attention mask + explicit position ids); each prompt is prefilled once and its cache
+repeated for its ``n`` samples; finished rows are dropped from the batch (and its cache) as they stop.
+
+Sample j of a request with seed s draws its uniforms from its own CPU ``torch.Generator`` seeded
+``s + j`` (inverse-CDF sampling, one uniform per token), so a seed gives the same sample whatever
+else is in the batch, on CPU or GPU, up to float noise in the logits. Log-probs are of the raw
+logits in float32 (before temperature/top-p), like `VLLMEngine` and the trainer's `token_logprobs`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from yatt.engines.base import Completion, SamplingSpec
+from yatt.engines.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingSpec
+    seed: int  # sample j uses seed + j
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+class HFEngine:
+    """`RolloutEngine` on Hugging Face transformers; `step` runs one batch of queued requests to the end.
+
+    A batch is the oldest queued request plus later ones with the same `SamplingSpec`, up to
+    ``cfg.max_num_seqs`` sequences (a request with more samples than that runs alone).
+    """
+
+    def __init__(self, model_path: str, cfg: EngineConfig, seed: int) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        t0 = time.perf_counter()
+        torch.set_num_threads(cfg.threads)
+        self.model_path, self.cfg = str(model_path), cfg
+        self.dtype = _DTYPES[cfg.dtype]
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.sleep_supported = self.device.type != "cpu"
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        positions = getattr(config, "max_position_embeddings", None)
+        if cfg.max_model_len and positions and cfg.max_model_len > positions:
+            raise ValueError(f"max_model_len={cfg.max_model_len} exceeds the model's {positions} positions")
+        self.max_model_len = int(cfg.max_model_len or positions or 1 << 31)
+        try:
+            self.eos_token_id: int | None = AutoTokenizer.from_pretrained(self.model_path).eos_token_id
+        except (OSError, ValueError):  # a folder without tokenizer files
+            self.eos_token_id = None
+        gen_eos = _as_ids(getattr(self.model.generation_config, "eos_token_id", None))
+        if self.eos_token_id is None:
+            self.eos_token_id = (gen_eos or _as_ids(config.eos_token_id) or [None])[0]
+        self.eos_ids = sorted({*gen_eos, *_as_ids(self.eos_token_id)})
+        self.pad_id = int(getattr(config, "pad_token_id", None) or (self.eos_ids or [0])[0])
+        self._queue: OrderedDict[str, _Request] = OrderedDict()
+        self._rng = random.Random(seed)  # seeds of unseeded requests
+        self.sleeping = False
+        self.weight_updates = 0
+        self.last_update_s = 0.0
+        self.startup_s = time.perf_counter() - t0
+        log.info("hf engine for %s ready on %s (%s) in %.1fs", model_path, self.device, cfg.dtype, self.startup_s)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_requests(self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec,
+                     seeds: list[int] | None) -> None:
+        if self.sleeping:
+            raise RuntimeError("engine is asleep; call wake() first")
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        if len(request_ids) != len(prompts):
+            raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
+        if sampling.n < 1 or sampling.max_tokens < 1:
+            raise ValueError(f"need n >= 1 and max_tokens >= 1, got {sampling}")
+        reqs = []
+        for i, (rid, prompt) in enumerate(zip(request_ids, prompts)):
+            prompt = [int(t) for t in prompt]
+            if not prompt:
+                raise ValueError(f"request {rid}: empty prompt")
+            if len(prompt) + sampling.max_tokens > self.max_model_len:
+                raise ValueError(f"request {rid}: prompt of {len(prompt)} tokens + max_tokens {sampling.max_tokens}"
+                                 f" exceeds max_model_len {self.max_model_len}")
+            if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+                raise ValueError(f"request {rid}: token ids must lie in [0, {self.vocab_size})")
+            if rid in self._queue:
+                raise ValueError(f"request id {rid} is already queued")
+            seed = int(seeds[i]) if seeds is not None else self._rng.getrandbits(62)
+            reqs.append((rid, _Request(prompt, sampling, seed)))
+        self._queue.update(reqs)  # all or nothing
+
+    def num_unfinished(self) -> int:
+        return len(self._queue)
+
+    def abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            self._queue.pop(rid, None)
+
+    def step(self) -> list[tuple[str, list[Completion]]]:
+        """Run the next batch of queued requests to completion; returns their groups."""
+        if not self._queue:
+            return []
+        if self.sleeping:
+            raise RuntimeError("engine is asleep; call wake() first")
+        head = next(iter(self._queue.values()))
+        batch, seqs = [], 0
+        for rid, req in self._queue.items():
+            if req.sampling == head.sampling and (not batch or seqs + req.sampling.n <= self.cfg.max_num_seqs):
+                batch.append((rid, req))
+                seqs += req.sampling.n
+        for rid, _ in batch:
+            del self._queue[rid]
+        groups = self._run([req.prompt for _, req in batch], [req.seed for _, req in batch], head.sampling)
+        return [(rid, group) for (rid, _), group in zip(batch, groups)]
+
+    # ---- the decode loop -----------------------------------------------------------------------
+    @torch.no_grad()
+    def _run(self, prompts: list[list[int]], seeds: list[int], sp: SamplingSpec) -> list[list[Completion]]:
+        dev, n, T = self.device, sp.n, sp.max_tokens
+        from transformers import DynamicCache
+
+        # Prefill each prompt once, left-padded; positions count real tokens only.
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)  # rows: prompt-major, sample-minor
+        cache.batch_repeat_interleave(n)
+        mask = mask.repeat_interleave(n, dim=0)
+        pos = torch.tensor([len(p) for p in prompts], device=dev).repeat_interleave(n)
+        if sp.temperature > 0:  # one uniform per (sample, token), from the sample's own generator
+            gens = [torch.Generator().manual_seed(s + j) for s in seeds for j in range(n)]
+            uniforms = torch.stack([torch.rand(T, generator=g) for g in gens]).to(dev)
+        stops = torch.tensor(sorted({*self.eos_ids, *sp.stop_token_ids}), dtype=torch.long, device=dev)
+        B = len(prompts) * n
+        tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=dev)
+        logps = torch.zeros((B, T), dtype=torch.float32, device=dev)
+        length = torch.full((B,), T, dtype=torch.long, device=dev)
+        stopped = torch.zeros(B, dtype=torch.bool, device=dev)
+        rows = torch.arange(B, device=dev)  # original row of each live batch row
+        for t in range(T):
+            tok = self._pick(logits, sp, uniforms[rows, t] if sp.temperature > 0 else None)
+            tokens[rows, t] = tok
+            if sp.logprobs:
+                logps[rows, t] = logits.gather(1, tok[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+            hit = torch.isin(tok, stops)
+            if hit.any():
+                length[rows[hit]], stopped[rows[hit]] = t + 1, True
+                live = (~hit).nonzero()[:, 0]
+                if live.numel() == 0:
+                    break
+                rows, tok, mask, pos = rows[live], tok[live], mask[live], pos[live]
+                cache.batch_select_indices(live)
+            if t == T - 1:
+                break
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
+                             past_key_values=cache, use_cache=True)
+            logits, pos = out.logits[:, -1].float(), pos + 1
+        del cache
+        tokens, logps, length, stopped = tokens.tolist(), logps.tolist(), length.tolist(), stopped.tolist()
+        done = [Completion(tokens[r][:length[r]], logps[r][:length[r]] if sp.logprobs else [],
+                           "stop" if stopped[r] else "length") for r in range(B)]
+        return [done[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    @staticmethod
+    def _pick(logits: torch.Tensor, sp: SamplingSpec, u: torch.Tensor | None) -> torch.Tensor:
+        """Greedy at temperature 0; else inverse-CDF sampling of softmax(logits / T), top-p filtered."""
+        if u is None:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / sp.temperature, dim=-1)
+        order = None
+        if sp.top_p < 1.0:  # keep the smallest prefix of the sorted distribution reaching top_p
+            probs, order = probs.sort(dim=-1, descending=True)
+            probs = probs.masked_fill(probs.cumsum(dim=-1) - probs > sp.top_p, 0.0)
+        cdf = probs.cumsum(dim=-1)
+        idx = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).clamp(max=probs.shape[-1] - 1)
+        ok = probs.gather(1, idx) > 0  # rounding at the top end could land on a zero-probability token
+        idx = torch.where(ok, idx, probs.argmax(dim=-1, keepdim=True))
+        return (idx if order is None else order.gather(1, idx))[:, 0]
+
+    # ---- weights and memory --------------------------------------------------------------------
+    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors into the parameters of the same Hugging Face name; all are checked before any copy."""
+        if self.sleeping:
+            raise RuntimeError("engine is asleep; call wake() first")
+        t0 = time.perf_counter()
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names resolve both ways
+        for name, tensor in named_tensors:
+            if name not in params:
+                raise ValueError(f"update_weights: unknown parameter {name!r}; nothing was updated")
+            if tuple(tensor.shape) != tuple(params[name].shape):
+                raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is "
+                                 f"{tuple(params[name].shape)}; nothing was updated")
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                params[name].copy_(tensor.to(device=self.device, dtype=params[name].dtype))
+        self.weight_updates += 1
+        self.last_update_s = time.perf_counter() - t0
+
+    def sleep(self) -> dict[str, Any]:
+        """On an accelerator, move the weights to host and release cached memory; a no-op on CPU."""
+        if not self.sleep_supported:
+            return {"supported": False, "device": self.device.type, "freed_bytes": 0}
+        if self.sleeping:
+            return {"supported": True, "already": True, "freed_bytes": 0}
+        if self._queue:
+            raise RuntimeError(f"{len(self._queue)} requests are queued; finish or abort them before sleep()")
+        torch.cuda.synchronize()
+        before = torch.cuda.mem_get_info()[0]
+        self.model.to("cpu")
+        torch.cuda.empty_cache()
+        self.sleeping = True
+        return {"supported": True, "freed_bytes": int(torch.cuda.mem_get_info()[0] - before)}
+
+    def wake(self) -> dict[str, Any]:
+        if not self.sleep_supported:
+            return {"supported": False, "device": self.device.type}
+        if not self.sleeping:
+            return {"supported": True, "already": True}
+        self.model.to(self.device)
+        self.sleeping = False
+        return {"supported": True}
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "ok": self.model is not None,
+            "backend": "hf",
+            "model_path": self.model_path,
+            "device": self.device.type,
+            "pid": os.getpid(),
+            "sleeping": self.sleeping,
+            "sleep_supported": self.sleep_supported,
+            "eos_token_id": self.eos_token_id,
+            "weight_updates": self.weight_updates,
+            "last_update_s": self.last_update_s,
+            "startup_s": self.startup_s,
+            "dtype": self.cfg.dtype,
+        }
+
+    def shutdown(self) -> None:
+        self.model, self._queue = None, OrderedDict()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
