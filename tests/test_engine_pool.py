@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from yatt.engines import EngineConfig, SamplingSpec, spawn_engine
+from yatt.engines.base import SamplingSpec
+from yatt.engines.client import spawn_engine
+from yatt.engines.config import EngineConfig
 from yatt.engines.client import connect_engine
 from yatt.engines.pool import EnginePool, Request
 from yatt.models.tiny import TinyModelConfig, write_tiny_model

@@ -118,29 +118,6 @@ class VLLMEngine:
             detokenize=False,  # the trainer works on token ids; text would only cost time
         )
 
-    def generate(
-        self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None
-    ) -> list[list[Completion]]:
-        """Sample ``sampling.n`` completions per prompt; eos/stop tokens stay in ``token_ids``."""
-        from vllm.inputs import TokensPrompt
-
-        if self.sleeping:
-            raise RuntimeError("engine is asleep; call wake() first")
-        if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-        if not prompts:
-            return []
-        params: Any
-        if seeds is None:
-            params = self._sampling_params(sampling, None)
-        else:
-            # vLLM gives child j of a seeded request the seed `seed + j`, so n samples differ.
-            params = [self._sampling_params(sampling, int(s)) for s in seeds]
-        outs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
-        )
-        return [[self._completion(o, sampling.logprobs) for o in out.outputs] for out in outs]
-
     # ---- streaming: requests are added, the engine is stepped, finished groups come out -------
     def add_requests(
         self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None
