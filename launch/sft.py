@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 import torch  # noqa: E402
 
 from yatt.config_loading import ConfigError, load_config  # noqa: E402
-from yatt.sft import SFTConfig, run_sft  # noqa: E402
+from yatt.quickstart.sft import SFTConfig, run_sft  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from yatt.config_loading import ConfigError, load_config
-from yatt.data.addition import addition_rows, read_jsonl, write_addition_files
-from yatt.sft import SFTConfig, exact_match, run_sft
+from yatt.quickstart.addition import addition_rows, read_jsonl, write_addition_files
+from yatt.quickstart.sft import SFTConfig, exact_match, run_sft
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "addition"

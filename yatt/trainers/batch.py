@@ -57,9 +57,6 @@ class TokenBatch:
         """Real (unpadded) tokens per sequence."""
         return self.attention_mask.sum(dim=1).tolist()
 
-    def split(self, size: int) -> list["TokenBatch"]:
-        return [self.select(list(range(s, min(s + size, len(self))))) for s in range(0, len(self), size)]
-
     def to(self, device: torch.device) -> "TokenBatch":
         return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device),
                           {k: v.to(device) for k, v in self.extras.items()})

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pydantic import BaseModel, ConfigDict, Field
 
 from yatt.config_loading import dump_config
-from yatt.data.addition import read_jsonl
+from yatt.quickstart.addition import read_jsonl
 from yatt.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from yatt.rewards.rules import answers_match as exact_match  # the RL verifier's rule
 

@@ -12,7 +12,7 @@ The yatt JSONL prompt format is one JSON object per line:
 ``write_addition_files`` writes three disjoint files (no (a, b) pair is in two of them):
 ``sft.jsonl`` (supervised warm-up), ``train.jsonl`` (RL prompts) and ``eval.jsonl`` (held out).
 
-    python -m yatt.data.addition --out data/addition [--seed 0]
+    python -m yatt.quickstart.addition --out data/addition [--seed 0]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the rule verifier's own verdict, so a judge that learns the rows agrees with the
 responses are wrong in the ways a partly trained policy is wrong: one digit off, a lost or extra
 carry, a missing or extra digit, swapped digits, stray characters, or nothing at all.
 
-    python -m yatt.genrm.judge_data --out data/addition   # judge_{sft,eval}_{basic,near_miss}.jsonl
+    python -m yatt.quickstart.judge_data --out data/addition   # judge_{sft,eval}_{basic,near_miss}.jsonl
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import random
 from pathlib import Path
 
-from yatt.data.addition import read_jsonl, write_jsonl
+from yatt.quickstart.addition import read_jsonl, write_jsonl
 from yatt.genrm.template import render
 from yatt.rewards.rules import answers_match
 
