@@ -7,6 +7,8 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,17 @@ def test_world_ops_are_recorded_as_cpu_gloo_ops_in_lockstep(mixed_group):
     one = read_records(tmp / "one", 0)
     check_records(one)
     assert [r["call"] for r in one] == ["sum", "broadcast_object", "barrier"]
+
+
+def test_gpu_check_script_passes_here(tmp_path):
+    """scripts/gpu_check_collectives.py (World's ops and a DDP step on torchrun's group) works before a GPU is lent."""
+    from e2e import env
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                           str(REPO / "scripts/gpu_check_collectives.py")],
+                          capture_output=True, text=True, timeout=300, env=env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert report["ok"] and report["checks"]["exchange"] and report["checks"]["backends as chosen"], report
 
 
 # ---- nobody else calls torch.distributed ------------------------------------------------------------
