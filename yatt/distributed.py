@@ -13,10 +13,12 @@ tensor goes through gloo and DDP's CUDA gradient buckets through NCCL, on the sa
 World op below builds its tensors on the CPU and refuses device tensors. Object collectives are given
 `device=cpu` explicitly (torch would also pick cpu for a group with a cpu backend, see
 `_get_object_coll_device`), and the barrier is an all-reduce of a CPU tensor, because `dist.barrier`
-runs on the bound/current accelerator when it can.
+goes through NCCL once the group is bound to a GPU (`init_process_group(device_id=...)`, which init_world
+therefore does not pass).
 
 Under torchrun the group exists even for one process, and World issues its collectives whenever a group
-exists, so a one-GPU run exercises the same gloo+NCCL paths as a multi-GPU one. A plain `python` run
+exists, so a one-GPU run exercises the same gloo path as a multi-GPU one (and
+scripts/gpu_check_collectives.py a DDP step over NCCL beside it). A plain `python` run
 without torchrun is a group-less world of one, and every op is local.
 
 `YATT_RECORD_COLLECTIVES=<dir>` makes each rank append one JSON line per issued op (which World call, the
@@ -28,10 +30,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
