@@ -58,6 +58,7 @@ def env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 
-def torchrun(config: Path, *args: str, cwd: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+def torchrun(config: Path, *args: str, cwd: Path, timeout: int = 900,
+             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(torchrun_args(config, *args), capture_output=True, text=True, timeout=timeout,
-                          env=env(), cwd=cwd)
+                          env={**env(), **(extra_env or {})}, cwd=cwd)

@@ -1,4 +1,5 @@
-"""A short real run with dynamic sampling, DP rebalancing, token-budget micro-batches and 2 engines per rank."""
+"""A short real run with dynamic sampling, DP rebalancing, token-budget micro-batches, 2 engines per rank and a
+checkpoint every step; it also records every collective the ranks issue (checked as GPU-safe)."""
 
 import json
 import math
@@ -6,6 +7,9 @@ import math
 import pytest
 
 from e2e import experiment, torchrun
+from test_collectives import check_records, lockstep, read_records
+
+from yatt.distributed import RECORD_ENV
 
 pytestmark = pytest.mark.engine
 
@@ -22,8 +26,9 @@ algorithm:
 trainer: {{lr: 0.01, micro_batch_tokens: 48}}
 balance: {{enabled: true, attention_coef: 0.01}}
 run: {{name: e2e_balance, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 0}}
+checkpoint: {{every: 1}}
 """)
-    proc = torchrun(config, "--placement", "full", cwd=tmp)
+    proc = torchrun(config, "--placement", "full", cwd=tmp, extra_env={RECORD_ENV: str(tmp / "collectives")})
     return proc, tmp / "runs" / "e2e_balance"
 
 
@@ -49,3 +54,20 @@ def test_every_trained_group_has_reward_variance(run):
     assert sum(r["dynamic_sampling/dropped_groups"] for r in records) > 0  # the filter had something to drop
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["samples_trained"] == sum(r["rollout/samples"] for r in records)
+
+
+def test_every_collective_is_a_cpu_gloo_op_issued_in_lockstep(run):
+    """What the run sent would pass on GPUs: CPU tensors only (gloo under cpu:gloo,cuda:nccl), ops gloo has,
+    and the same collectives in the same order with the same shapes on both ranks (else a job hangs)."""
+    proc, run_dir = run
+    assert proc.returncode == 0
+    folder = run_dir.parents[1] / "collectives"
+    ranks = [read_records(folder, r) for r in range(2)]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+    moved = sum(r["balance/moved_samples"] for r in records)
+    for recorded in ranks:
+        check_records(recorded)
+        calls = {r["call"] for r in recorded}
+        assert {"sum", "max", "all_gather", "broadcast_object", "barrier"} <= calls, calls
+        assert ("exchange" in calls) == (moved > 0)
+    assert lockstep(ranks[0]) == lockstep(ranks[1])

@@ -1,13 +1,66 @@
-"""The torchrun world as the controllers see it: rank, size, device, and small metadata reductions."""
+"""The torchrun world as the controllers see it: rank, size, device, and every collective yatt issues.
+
+The rule: **metadata travels as CPU tensors through gloo; model tensors travel on the device through NCCL (DDP).**
+This module is the only one that calls torch.distributed collectives or point-to-point ops (the trainer's DDP
+wrapper aside), so the rule is kept in one place and tested there (tests/test_collectives.py).
+
+Why: NCCL rejects CPU tensors, and the controllers' traffic is small metadata (counts, losses, timings,
+token lengths, the samples load balancing moves, pickled objects) that lives on the host. Copying it to
+the GPU for every reduction would cost a device sync each time and put controller data on the device the
+trainer and engines fight over. So on GPU machines the process group is built with one backend per device
+type, `init_process_group("cpu:gloo,cuda:nccl")`: torch dispatches each op by its tensors' device, so a CPU
+tensor goes through gloo and DDP's CUDA gradient buckets through NCCL, on the same group and ranks. Every
+World op below builds its tensors on the CPU and refuses device tensors. Object collectives are given
+`device=cpu` explicitly (torch would also pick cpu for a group with a cpu backend, see
+`_get_object_coll_device`), and the barrier is an all-reduce of a CPU tensor, because `dist.barrier`
+goes through NCCL once the group is bound to a GPU (`init_process_group(device_id=...)`, which init_world
+therefore does not pass).
+
+Under torchrun the group exists even for one process, and World issues its collectives whenever a group
+exists, so a one-GPU run exercises the same gloo path as a multi-GPU one (and
+scripts/gpu_check_collectives.py a DDP step over NCCL beside it). A plain `python` run
+without torchrun is a group-less world of one, and every op is local.
+
+`YATT_RECORD_COLLECTIVES=<dir>` makes each rank append one JSON line per issued op (which World call, the
+torch op, its tensors' device/dtype/shape) to `<dir>/rank<r>.jsonl`, so a CPU run can prove what a GPU run
+would send where.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+RECORD_ENV = "YATT_RECORD_COLLECTIVES"
+_CPU = torch.device("cpu")
+
+
+def backend_for(cuda_available: bool) -> str:
+    """The process-group backend: gloo alone on CPU; gloo for CPU tensors and NCCL for CUDA ones on GPU."""
+    return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
+
+
+def launched_by_torchrun(env: Mapping[str, str] = os.environ) -> bool:
+    """True under torchrun (or any launcher that sets the env:// rendezvous variables)."""
+    return "MASTER_ADDR" in env or "WORLD_SIZE" in env or any(k.startswith("TORCHELASTIC_") for k in env)
+
+
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _host(t: torch.Tensor, call: str) -> torch.Tensor:
+    if t.device.type != "cpu":
+        raise ValueError(f"World.{call} takes CPU tensors (metadata goes through gloo), got one on {t.device}")
+    return t.contiguous()
 
 
 @dataclass(frozen=True)
@@ -21,42 +74,115 @@ class World:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def grouped(self) -> bool:
+        """Whether ops go over a process group (any torchrun launch, even of one process)."""
+        return self.size > 1 or _grouped()
+
+    # ---- reductions of a few numbers ---------------------------------------------------------------
     def sum(self, values: list[float]) -> list[float]:
         """Sum a few numbers over ranks (metadata only: counts, losses, timings)."""
-        t = torch.tensor(values, dtype=torch.float64)
-        if self.size > 1:
-            dist.all_reduce(t)
-        return t.tolist()
+        return self._all_reduce("sum", values, dist.ReduceOp.SUM)
 
     def max(self, values: list[float]) -> list[float]:
+        return self._all_reduce("max", values, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, call: str, values: list[float], op) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64)
-        if self.size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if self.grouped:
+            self._record(call, "all_reduce", [t], reduce=call)
+            dist.all_reduce(t, op=op)
         return t.tolist()
 
+    # ---- tensors of metadata ----------------------------------------------------------------------
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's CPU tensor, by rank. The first dimension may differ between ranks (e.g. per-sample
+        lengths); the other dimensions and the dtype must not."""
+        t = _host(t, "all_gather")
+        if not self.grouped:
+            return [t.clone()]
+        count = torch.tensor([t.shape[0]], dtype=torch.int64)
+        counts = [torch.zeros_like(count) for _ in range(self.size)]
+        self._record("all_gather", "all_gather", [count])
+        dist.all_gather(counts, count)
+        width = max(1, max(int(c) for c in counts))  # no empty collectives
+        padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype)
+        padded[: t.shape[0]] = t
+        gathered = [torch.zeros_like(padded) for _ in range(self.size)]
+        self._record("all_gather", "all_gather", [padded])
+        dist.all_gather(gathered, padded)
+        return [g[: int(c)] for g, c in zip(gathered, counts)]
+
+    def exchange(self, sends: Mapping[int, Sequence[torch.Tensor]],
+                 recvs: Mapping[int, Sequence[torch.Tensor]]) -> None:
+        """Point to point: send `sends[peer]` to each peer and fill the buffers `recvs[peer]` from it.
+
+        The i-th tensor a rank sends to a peer lands in the peer's i-th buffer for that rank (same shape
+        and dtype: receivers size buffers from metadata they already agree on). All transfers run at once
+        (gloo has no all_to_all) and are finished on return. Every rank must call it at the same point.
+        """
+        for peer in (*sends, *recvs):
+            if peer == self.rank or not 0 <= peer < self.size:
+                raise ValueError(f"rank {self.rank} cannot exchange with rank {peer} (world of {self.size})")
+        requests = []
+        for peer, tensors in sends.items():
+            for tag, t in enumerate(tensors):
+                t = _host(t, "exchange")
+                self._record("exchange", "send", [t], peer=peer)
+                requests.append(dist.isend(t, peer, tag=tag))
+        for peer, buffers in recvs.items():
+            for tag, t in enumerate(buffers):
+                if t.device.type != "cpu" or not t.is_contiguous():
+                    raise ValueError(f"World.exchange receives into contiguous CPU buffers, got {t.device}")
+                self._record("exchange", "recv", [t], peer=peer)
+                requests.append(dist.irecv(t, peer, tag=tag))
+        for request in requests:
+            request.wait()
+
+    # ---- objects, barrier -------------------------------------------------------------------------
     def broadcast_object(self, obj):
-        if self.size == 1:
+        """Rank 0's picklable object on every rank (small things: a token, a resume decision)."""
+        if not self.grouped:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        # torch broadcasts the pickled sizes (int64) and bytes (uint8) as tensors on `device`
+        self._record("broadcast_object", "broadcast", [_desc(_CPU, torch.int64, [1]), _desc(_CPU, torch.uint8, [-1])])
+        dist.broadcast_object_list(box, src=0, device=_CPU)
         return box[0]
 
     def barrier(self) -> None:
-        if self.size > 1:
-            dist.barrier()
+        if self.grouped:
+            t = torch.zeros(1, dtype=torch.int32)
+            self._record("barrier", "all_reduce", [t], reduce="sum")
+            dist.all_reduce(t)
 
+    # ---- the key-value store ----------------------------------------------------------------------
     def publish(self, key: str, value: str) -> None:
         """Put a small string in torchrun's key-value store (e.g. a service endpoint) for all ranks."""
-        if self.size > 1:
+        if _grouped():
             _store().set(f"yatt/{key}", value)
         else:
             _LOCAL_STORE[key] = value
 
     def lookup(self, key: str) -> str:
         """The value published under `key`, waiting for it if need be."""
-        if self.size > 1:
+        if _grouped():
             return _store().get(f"yatt/{key}").decode()
         return _LOCAL_STORE[key]
+
+    def _record(self, call: str, op: str, tensors: list, **extra: Any) -> None:
+        folder = os.environ.get(RECORD_ENV)
+        if not folder:
+            return
+        entry = {"call": call, "op": op, "tensors": [
+            t if isinstance(t, dict) else _desc(t.device, t.dtype, list(t.shape)) for t in tensors], **extra}
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        with open(Path(folder) / f"rank{self.rank}.jsonl", "a") as f:  # a line per op: survives a crash
+            f.write(json.dumps(entry) + "\n")
+
+
+def _desc(device: torch.device, dtype: torch.dtype, shape: list[int]) -> dict:
+    return {"device": device.type, "dtype": str(dtype).removeprefix("torch."), "shape": shape}
 
 
 _LOCAL_STORE: dict[str, str] = {}
@@ -76,16 +202,16 @@ def env_rank() -> int:
 
 
 def init_world(timeout_s: float = 1800) -> World:
-    """Join torchrun's process group (gloo on CPU, NCCL on GPU); a plain `python` run is a world of one."""
+    """Join torchrun's process group (see the module docstring); a plain `python` run is a world of one."""
     rank, size = env_rank(), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if cuda:
         torch.cuda.set_device(local_rank)
-        device, backend = torch.device("cuda", local_rank), "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    device = torch.device("cuda", local_rank) if cuda else _CPU
+    if (size > 1 or launched_by_torchrun()) and not dist.is_initialized():
+        # No device_id: binding the group to a GPU would make dist.barrier and eager init go through NCCL.
+        dist.init_process_group(backend_for(cuda), timeout=timedelta(seconds=timeout_s))
     return World(rank, size, local_rank, device)
 
 

@@ -5,7 +5,7 @@ Protocol (every rank runs the same code; DESIGN.md principles 1 and 7):
 2. `plan_rebalance`: every rank computes the same plan from that metadata. The partitioner is
    deterministic, and its parts are mapped to ranks so that as much work as possible stays in place.
 3. `exchange`: only units whose destination differs from their source travel, point to point
-   (isend/irecv: gloo has no all_to_all), as two flat tensors per (source, destination) pair:
+   (`World.exchange`: isend/irecv, gloo has no all_to_all), as two flat CPU tensors per (source, destination) pair:
    int64 [origin rank, origin index, finish code, prompt ids, response ids] per sample and
    float64 [reward, logprobs] per sample. No pickle; receivers size their buffers from the plan.
 A rank's samples after the exchange are ordered by origin (rank, index), so a GRPO group (a unit of
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
 from yatt.balance.partition import get_partitioner
 from yatt.balance.workload import sample_workload
@@ -136,21 +135,12 @@ def _cancel_swaps(dest: list[list[int]], workloads: list[list[float]]) -> None:
                     dest[a][u], dest[b][partners.pop(0)] = a, b
 
 
-# ---- over torch.distributed ---------------------------------------------------------------------
+# ---- over the world's collectives (CPU tensors: metadata, see yatt.distributed) --------------------
 
 def gather_lengths(world: World, samples: Sequence[Sample]) -> Lengths:
     """Every rank's per-sample (prompt, response) token counts; ranks may hold different counts."""
     local = torch.tensor([[len(s.prompt_ids), len(s.response_ids)] for s in samples], dtype=torch.int64).view(-1, 2)
-    if world.size == 1:
-        return [[tuple(x) for x in local.tolist()]]
-    counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world.size)]
-    dist.all_gather(counts, torch.tensor([len(samples)], dtype=torch.int64))
-    width = max(1, max(int(c) for c in counts))
-    padded = torch.zeros((width, 2), dtype=torch.int64)
-    padded[: len(samples)] = local
-    gathered = [torch.zeros_like(padded) for _ in range(world.size)]
-    dist.all_gather(gathered, padded)
-    return [[tuple(x) for x in g[: int(c)].tolist()] for g, c in zip(gathered, counts)]
+    return [[tuple(x) for x in g.tolist()] for g in world.all_gather(local)]
 
 
 def _pack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,23 +175,20 @@ def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[in
 
 def exchange(world: World, samples: list[Sample], plan: Plan) -> list[Sample]:
     """This rank's samples after the plan: kept ones plus received ones, ordered by origin."""
-    rank, requests, inbox = world.rank, [], []
+    rank, sends, recvs, inbox = world.rank, {}, {}, []
     keep = set(plan.moves(rank, rank))
     for peer in range(world.size):
         if peer == rank:
             continue
         outgoing = plan.moves(rank, peer)
         if outgoing:
-            ints, floats = _pack([samples[i] for i in outgoing])
-            requests += [dist.isend(ints, peer, tag=0), dist.isend(floats, peer, tag=1)]
+            sends[peer] = _pack([samples[i] for i in outgoing])
         origins = [(peer, i) for i in plan.moves(peer, rank)]
         if origins:
             n_int, n_float = _message_sizes(plan.lengths, origins)
-            ints, floats = torch.empty(n_int, dtype=torch.int64), torch.empty(n_float, dtype=torch.float64)
-            requests += [dist.irecv(ints, peer, tag=0), dist.irecv(floats, peer, tag=1)]
-            inbox.append((ints, floats, origins))
-    for request in requests:
-        request.wait()
+            recvs[peer] = (torch.empty(n_int, dtype=torch.int64), torch.empty(n_float, dtype=torch.float64))
+            inbox.append((*recvs[peer], origins))
+    world.exchange(sends, recvs)
     held = [s for i, s in enumerate(samples) if i in keep]
     for ints, floats, origins in inbox:
         held += _unpack(ints, floats, origins, plan.lengths)
@@ -216,23 +203,22 @@ def restore_order(world: World, plan: Plan, values: torch.Tensor) -> torch.Tenso
     rank, held = world.rank, plan.held_after(world.rank)
     if values.shape[0] != len(held):
         raise ValueError(f"{values.shape[0]} rows of values for {len(held)} held samples")
-    values = values.to(torch.float64)
+    values = values.detach().to("cpu", torch.float64)  # per-sample metadata: host memory, gloo
     out = torch.zeros((len(plan.lengths[rank]), *values.shape[1:]), dtype=torch.float64)
-    requests, inbox = [], []
+    sends, recvs, inbox = {}, {}, []
     for peer in range(world.size):
         rows = [j for j, (src, _) in enumerate(held) if src == peer]
         if peer == rank:
             out[[held[j][1] for j in rows]] = values[rows]
             continue
         if rows:
-            requests.append(dist.isend(values[rows].contiguous(), peer, tag=2))
+            sends[peer] = [values[rows].contiguous()]
         back = plan.moves(rank, peer)
         if back:
             buffer = torch.empty((len(back), *values.shape[1:]), dtype=torch.float64)
-            requests.append(dist.irecv(buffer, peer, tag=2))
+            recvs[peer] = [buffer]
             inbox.append((back, buffer))
-    for request in requests:
-        request.wait()
+    world.exchange(sends, recvs)
     for back, buffer in inbox:
         out[back] = buffer
     return out

@@ -51,8 +51,33 @@ def log_tail(path: Path, lines: int = 40) -> str:
         return f"<cannot read {path}: {e}>"
 
 
+def device_env(device: torch.device, parent_visible: str | None) -> dict[str, str]:
+    """The environment that shows an engine child only its rank's GPU: `CUDA_VISIBLE_DEVICES` set to the
+    entry of the parent's list (`parent_visible`, the parent's CUDA_VISIBLE_DEVICES) that `device` indexes,
+    or to the index itself when the parent has no list. Nothing on CPU.
+
+    Without it every engine of every rank would start on GPU 0 (and vLLM would size its memory share
+    against what the other ranks' engines already took there). `engine_env` applies it for the device
+    the spawning rank computes on (`init_world` made it torch's current device).
+    """
+    if device.type != "cuda":
+        return {}
+    index = 0 if device.index is None else device.index
+    entries = [e.strip() for e in (parent_visible or "").split(",") if e.strip()]
+    if not entries:
+        return {"CUDA_VISIBLE_DEVICES": str(index)}
+    if index >= len(entries):
+        raise ValueError(f"device {device} is not among CUDA_VISIBLE_DEVICES={parent_visible!r}")
+    return {"CUDA_VISIBLE_DEVICES": entries[index]}
+
+
+def _current_device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: ours minus torchrun's variables, plus engine tuning."""
+    """The child's environment: ours minus torchrun's variables, plus engine tuning; on GPU machines it sees
+    only the spawning rank's GPU (`device_env`)."""
     env = {
         k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith(TORCHRUN_PREFIXES)
     }
@@ -67,6 +92,7 @@ def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> di
         env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
     root = str(Path(yatt.__file__).resolve().parents[1])  # so `-m yatt...` works from any cwd
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.update(device_env(_current_device(), os.environ.get("CUDA_VISIBLE_DEVICES")))
     env.update(extra_env or {})
     return env
 
