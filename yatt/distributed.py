@@ -150,6 +150,11 @@ class World:
         dist.broadcast_object_list(box, src=0, device=_CPU)
         return box[0]
 
+    @property
+    def backend(self) -> str:
+        """The process group's backends per device type (e.g. "cpu:gloo,cuda:nccl"), or "none"."""
+        return dist.get_backend_config() if _grouped() else "none"
+
     def barrier(self) -> None:
         if self.grouped:
             t = torch.zeros(1, dtype=torch.int32)

@@ -57,6 +57,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
     checkpoints.discard_newer(start_step)
 
     wall_start = time.perf_counter()
+    if world.is_main:
+        print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
     shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir))
     if found:
         checkpoints.load(found[0], shard)

@@ -58,8 +58,9 @@ class TorchTrainer:
             self.module.eval().requires_grad_(False)
             return
         self.module.train()
-        if world.size > 1:
-            self.model = DistributedDataParallel(self.module)
+        if world.grouped:  # also a one-GPU torchrun run: its gradients then go through NCCL like any other
+            device_ids = [world.local_rank] if world.device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.module, device_ids=device_ids)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -100,11 +101,11 @@ class TorchTrainer:
         """
         assert self.trainable, "a frozen model cannot be trained"
         micro = self.micro_batches(batch)
-        count = int(self.world.max([float(len(micro))])[0]) if self.world.size > 1 else len(micro)
+        count = int(self.world.max([float(len(micro))])[0])
         sums: dict[str, float] = {}
         for i in range(count):
             last = i == count - 1
-            sync = nullcontext() if (last or self.world.size == 1) else self.model.no_sync()
+            sync = nullcontext() if (last or self.model is self.module) else self.model.no_sync()
             with sync:
                 if i < len(micro):
                     mb = batch.select(micro[i]).to(self.world.device)
