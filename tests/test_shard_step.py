@@ -77,15 +77,19 @@ def shard(tmp_path):
 
     def spawn(model_path, engine_cfg, seed, log_path, secret):
         engines.append(FakeEngine(tok.convert_tokens_to_ids(list("0123456789")), tok.eos_token_id))
-        servers.append(RpcServer(EngineService(engines[-1]), secret))
-        threading.Thread(target=servers[-1].serve_forever, daemon=True).start()
-        return connect_engine(servers[-1].endpoint, secret, engine_cfg)
+        server = RpcServer(EngineService(engines[-1]), secret)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        servers.append((server, thread))
+        return connect_engine(server.endpoint, secret, engine_cfg)
 
     shard = ControllerShard(cfg, WORLD, build_components(cfg, WORLD, tmp_path / "run", spawn=spawn))
     yield shard, engines
     shard.close()
-    for server in servers:
+    for server, thread in servers:
         server.stop()
+        thread.join()
+        server.close()
 
 
 def test_step_trains_on_the_engine_samples_and_syncs_the_weights(shard):
