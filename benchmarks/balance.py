@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from yatt.balance.exchange import Sample, rebalance  # noqa: E402
+from yatt.balance.exchange import rebalance  # noqa: E402
+from yatt.data.rollout import Rollout  # noqa: E402
 from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
 from yatt.algorithms.objective import Algorithm  # noqa: E402
 from yatt.distributed import close_world, init_world  # noqa: E402
@@ -37,7 +38,7 @@ GROUPS, G, HIDDEN, MAX_LEN = 8, 8, 128, 384
 SETUPS = {"none": (False, 0), "balance": (True, 0), "balance+": (True, 4096)}
 
 
-def synthetic_rollouts(rank: int, seed: int = 0) -> list[Sample]:
+def synthetic_rollouts(rank: int, seed: int = 0) -> list[Rollout]:
     rng = random.Random(seed * 100 + rank)
     scale = 90.0 if rank == 0 else 30.0  # the skew: rank 0 drew the hard prompts
     out = []
@@ -46,12 +47,12 @@ def synthetic_rollouts(rank: int, seed: int = 0) -> list[Sample]:
         base = scale * math.exp(rng.gauss(0.0, 0.6))  # long tail over groups
         for _ in range(G):
             n = max(1, min(MAX_LEN - len(prompt), int(base * math.exp(rng.gauss(0.0, 0.3)))))
-            out.append(Sample(prompt, [rng.randrange(3, 20) for _ in range(n)], [-rng.random() for _ in range(n)],
-                              float(rng.random() < 0.5), "stop", (rank, len(out))))
+            out.append(Rollout(None, prompt, [rng.randrange(3, 20) for _ in range(n)], [-rng.random() for _ in range(n)],
+                               "stop", reward=float(rng.random() < 0.5), origin=(rank, len(out))))
     return out
 
 
-def train_step(trainer: TorchTrainer, world, samples: list[Sample], balance: bool, attention_coef: float):
+def train_step(trainer: TorchTrainer, world, samples: list[Rollout], balance: bool, attention_coef: float):
     """Rebalance (or not), then one optimizer step; returns (seconds, plan)."""
     world.barrier()
     start = time.perf_counter()

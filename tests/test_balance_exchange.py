@@ -8,12 +8,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from yatt.balance.exchange import Sample, plan_rebalance, rebalance, restore_order
+from yatt.balance.exchange import plan_rebalance, rebalance, restore_order
+from yatt.data.rollout import Rollout
 from yatt.balance.partition import imbalance
 from yatt.distributed import World
 
 
-def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Sample]:
+def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout]:
     """Deterministic samples with random tokens, double-precision logprobs and group-shared prompts."""
     rng = random.Random(rank * 1000 + groups)
     out = []
@@ -21,8 +22,8 @@ def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Sample]:
         prompt = [rng.randrange(3, 50) for _ in range(rng.randrange(2, 6))]
         for _ in range(unit):
             n = rng.randrange(40, 90) if long else rng.randrange(1, 12)
-            out.append(Sample(prompt, [rng.randrange(3, 50) for _ in range(n)], [-rng.random() * 3 for _ in range(n)],
-                              float(rng.random() < 0.5), rng.choice(["stop", "length"]), (rank, len(out))))
+            out.append(Rollout(None, prompt, [rng.randrange(3, 50) for _ in range(n)], [-rng.random() * 3 for _ in range(n)],
+                               rng.choice(["stop", "length"]), reward=float(rng.random() < 0.5), origin=(rank, len(out))))
     return out
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from yatt.config import DynamicSamplingConfig
 from yatt.controllers.dynamic_sampling import DynamicSampler, has_signal
-from yatt.controllers.rollouts import Rollout
+from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 
 

@@ -1,6 +1,6 @@
 """Load balancing across data-parallel ranks: workload model, partitioning, DP exchange, micro-batch packing."""
 
-from yatt.balance.exchange import Plan, Sample, exchange, gather_lengths, plan_rebalance, rebalance, restore_order
+from yatt.balance.exchange import Plan, exchange, gather_lengths, plan_rebalance, rebalance, restore_order
 from yatt.balance.packing import micro_batch_rows, pack_by_tokens, padded_tokens
 from yatt.balance.partition import (
     PARTITIONERS,
@@ -13,7 +13,6 @@ from yatt.balance.workload import sample_workload
 
 __all__ = [
     "Plan",
-    "Sample",
     "exchange",
     "gather_lengths",
     "micro_batch_rows",

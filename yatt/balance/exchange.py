@@ -1,4 +1,4 @@
-"""DP rebalancing: move scored rollouts between ranks so that every rank trains about the same work.
+"""DP rebalancing: move scored rollouts (yatt.data.rollout) between ranks so that every rank trains about the same work.
 
 Protocol (every rank runs the same code; DESIGN.md principles 1 and 7):
 1. `gather_lengths`: all_gather each rank's per-sample (prompt, response) token counts. Metadata only.
@@ -8,7 +8,7 @@ Protocol (every rank runs the same code; DESIGN.md principles 1 and 7):
    (`World.exchange`: isend/irecv, gloo has no all_to_all), as two flat CPU tensors per (source, destination) pair:
    int64 [origin rank, origin index, finish code, prompt ids, response ids] per sample and
    float64 [reward, logprobs] per sample. No pickle; receivers size their buffers from the plan.
-A rank's samples after the exchange are ordered by origin (rank, index), so a GRPO group (a unit of
+A rank's rollouts after the exchange are ordered by origin (rank, index), so a GRPO group (a unit of
 G consecutive samples) stays consecutive. `restore_order` sends per-sample values back to the rank
 and position each sample came from, for anything logged per original sample.
 """
@@ -22,21 +22,10 @@ import torch
 
 from yatt.balance.partition import get_partitioner
 from yatt.balance.workload import sample_workload
+from yatt.data.rollout import Rollout
 from yatt.distributed import World
 
 FINISH_REASONS = ("stop", "length", "abort")
-
-
-@dataclass
-class Sample:
-    """One scored rollout as the trainer needs it (field names match `Rollout`'s)."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    rollout_logprobs: list[float]
-    reward: float
-    finish_reason: str
-    origin: tuple[int, int]  # (rank, index) where it was generated
 
 
 Lengths = list[list[tuple[int, int]]]  # [rank][sample] -> (prompt tokens, response tokens)
@@ -137,13 +126,13 @@ def _cancel_swaps(dest: list[list[int]], workloads: list[list[float]]) -> None:
 
 # ---- over the world's collectives (CPU tensors: metadata, see yatt.distributed) --------------------
 
-def gather_lengths(world: World, samples: Sequence[Sample]) -> Lengths:
+def gather_lengths(world: World, samples: Sequence[Rollout]) -> Lengths:
     """Every rank's per-sample (prompt, response) token counts; ranks may hold different counts."""
     local = torch.tensor([[len(s.prompt_ids), len(s.response_ids)] for s in samples], dtype=torch.int64).view(-1, 2)
     return [[tuple(x) for x in g.tolist()] for g in world.all_gather(local)]
 
 
-def _pack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
     ints: list[int] = []
     floats: list[float] = []
     for s in samples:
@@ -154,7 +143,7 @@ def _pack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(ints, dtype=torch.int64), torch.tensor(floats, dtype=torch.float64)
 
 
-def _unpack(ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, int]], lengths: Lengths) -> list[Sample]:
+def _unpack(ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, int]], lengths: Lengths) -> list[Rollout]:
     ints_l, floats_l = ints.tolist(), floats.tolist()
     out, a, b = [], 0, 0
     for rank, index in origins:
@@ -162,8 +151,8 @@ def _unpack(ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, i
         if (ints_l[a], ints_l[a + 1]) != (rank, index):
             raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a:a + 2])}")
         finish, prompt, response = ints_l[a + 2], ints_l[a + 3 : a + 3 + p], ints_l[a + 3 + p : a + 3 + p + r]
-        out.append(Sample(prompt, response, floats_l[b + 1 : b + 1 + r], floats_l[b], FINISH_REASONS[finish],
-                          (rank, index)))
+        out.append(Rollout(None, prompt, response, floats_l[b + 1 : b + 1 + r], FINISH_REASONS[finish],
+                           reward=floats_l[b], origin=(rank, index)))
         a, b = a + 3 + p + r, b + 1 + r
     return out
 
@@ -173,7 +162,7 @@ def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[in
     return sum(3 + p + r for p, r in pairs), sum(1 + r for _, r in pairs)
 
 
-def exchange(world: World, samples: list[Sample], plan: Plan) -> list[Sample]:
+def exchange(world: World, samples: list[Rollout], plan: Plan) -> list[Rollout]:
     """This rank's samples after the plan: kept ones plus received ones, ordered by origin."""
     rank, sends, recvs, inbox = world.rank, {}, {}, []
     keep = set(plan.moves(rank, rank))
@@ -224,8 +213,8 @@ def restore_order(world: World, plan: Plan, values: torch.Tensor) -> torch.Tenso
     return out
 
 
-def rebalance(world: World, samples: list[Sample], unit_size: int, attention_coef: float = 0.0,
-              partitioner: str = "kk", equal_count: bool = False, enabled: bool = True) -> tuple[list[Sample], Plan]:
+def rebalance(world: World, samples: list[Rollout], unit_size: int, attention_coef: float = 0.0,
+              partitioner: str = "kk", equal_count: bool = False, enabled: bool = True) -> tuple[list[Rollout], Plan]:
     """Gather lengths, plan, exchange: the one call the controller shard makes."""
     plan = plan_rebalance(gather_lengths(world, samples), unit_size, attention_coef, partitioner, equal_count,
                           enabled)

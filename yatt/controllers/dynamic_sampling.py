@@ -14,7 +14,7 @@ import math
 from typing import Callable
 
 from yatt.config import DynamicSamplingConfig
-from yatt.controllers.rollouts import Rollout
+from yatt.data.rollout import Rollout
 
 Group = list[Rollout]
 GenerateGroups = Callable[[int, int], list[Group]]  # (prompts, round) -> scored groups

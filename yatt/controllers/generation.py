@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from yatt.controllers.rollouts import Rollout
+from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec
 from yatt.engines.pool import EnginePool, Request

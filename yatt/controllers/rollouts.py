@@ -3,34 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
-
 from yatt.data.jsonl import DataError
+from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec
 from yatt.engines.client import EngineClient
 from yatt.rewards.rules import score
-
-
-@dataclass
-class Rollout:
-    row: PromptRow
-    prompt_ids: list[int]
-    response_ids: list[int]
-    rollout_logprobs: list[float]
-    finish_reason: str
-    text: str = ""
-    reward: float = 0.0
-    rule_score: float = 0.0
-    judge_scores: dict[str, float] = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        """Plain JSON-able data (for state that checkpoints carry, e.g. the dynamic-sampling queue)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Rollout":
-        return cls(**{**d, "row": PromptRow(**d["row"])})
 
 
 def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> int:

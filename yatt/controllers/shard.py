@@ -17,7 +17,7 @@ import torch
 
 from yatt.algorithms import kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.algorithms.base import AdvantageInput
-from yatt.balance.exchange import Sample, rebalance
+from yatt.balance.exchange import rebalance
 from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.checkpoint.export import export_snapshot
 from yatt.checkpoint.snapshot import Snapshot
@@ -25,7 +25,8 @@ from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
 from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
 from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
-from yatt.controllers.rollouts import Rollout, encode_prompts, generate_rollouts, sample_seed, score_rollouts
+from yatt.controllers.rollouts import encode_prompts, generate_rollouts, sample_seed, score_rollouts
+from yatt.data.rollout import Rollout
 from yatt.data.sources import load_shard
 from yatt.data.stream import PromptStream
 from yatt.distributed import World
@@ -34,7 +35,7 @@ from yatt.genrm.judge import Judge
 from yatt.placement.metrics import device_metrics, judge_metrics, maxed, pool_metrics, summed
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
-from yatt.placement.services import ROLLOUT, judge_role
+from yatt.placement.services import ROLLOUT, genrm_role
 from yatt.trainers.batch import TokenBatch
 
 
@@ -77,8 +78,8 @@ class ControllerShard:
         self.placement = DeviceOwnership({
             "rollout": HookRole(lambda: [e.sleep() for e in self.engines.rollouts()],
                                 lambda: [e.wake() for e in self.engines.rollouts()]),
-            "genrm": HookRole(lambda: [j.sleep() for j in self.engines.judges()],
-                              lambda: [j.wake() for j in self.engines.judges()]),
+            "genrm": HookRole(lambda: [j.sleep() for j in self.engines.genrm_engines()],
+                              lambda: [j.wake() for j in self.engines.genrm_engines()]),
             "train": HookRole(lambda: [t.offload() for t in self._trainers()],
                               lambda: [t.onload() for t in self._trainers()]),
         }, initial_owner="rollout")
@@ -106,14 +107,14 @@ class ControllerShard:
             with timer("generate"):
                 self.world.barrier()
         with timer("balance"):
-            samples, plan = self._rebalance(rollouts)
+            trained, plan = self._rebalance(rollouts)  # what this rank trains: its own and moved rollouts
         with self.placement.own("train"):
-            batch = self._token_batch(samples)
+            batch = self._token_batch(trained)
             with timer("logprobs"):
                 old_lp, entropy = self.trainer.logprobs(batch, with_entropy=True)
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
             with timer("advantages"):
-                rewards = torch.tensor([r.reward for r in samples], dtype=torch.float32)
+                rewards = torch.tensor([r.reward for r in trained], dtype=torch.float32)
                 if ref_lp is not None and algo.kl_mode == "reward":
                     kl = kl_estimate(old_lp, ref_lp, algo.kl_estimator)
                     rewards = kl_penalized_rewards(rewards, kl, batch.mask, algo.kl_coef)
@@ -126,8 +127,8 @@ class ControllerShard:
                 update = self._update(batch, step)
         with timer("sync"), self.placement.own("rollout"):
             self.engines.push_weights(self.policy_weights())
-        self.samples_trained += len(samples)
-        metrics = self._step_metrics(samples, batch, entropy, ref_lp, update, timer)
+        self.samples_trained += len(trained)
+        metrics = self._step_metrics(trained, batch, entropy, ref_lp, update, timer)
         metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
                                                restarted))
         self.last_step = step
@@ -141,13 +142,13 @@ class ControllerShard:
         common = dict(step=step, round_=round_, run_seed=cfg.run.seed)
         if cfg.placement.mode == "full":  # this device: rollout, then GenRM
             rank = [self.world.rank]
-            lanes = {name: JudgeLane(j, self.engines.pool(judge_role(name), rank)) for name, j in self.judges.items()}
+            lanes = {name: JudgeLane(j, self.engines.pool(genrm_role(name), rank)) for name, j in self.judges.items()}
             with self.placement.own("rollout"):
                 return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
                                           self.engines.pool(ROLLOUT, rank), lanes, stream=False,
                                           before_judging=lambda: self.placement.acquire("genrm"), **common)
         split = self.schedule.split
-        lanes = {name: JudgeLane(j, self.engines.pool(judge_role(name), split.genrm))
+        lanes = {name: JudgeLane(j, self.engines.pool(genrm_role(name), split.genrm))
                  for name, j in self.judges.items()}
         with self.placement.own(split.role_of(self.world.rank)):
             return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
@@ -180,16 +181,16 @@ class ControllerShard:
     def _rebalance(self, rollouts: list[Rollout]):
         """Move whole groups between ranks so each trains about the same work (yatt.balance)."""
         bal = self.cfg.balance
-        samples = [Sample(r.prompt_ids, r.response_ids, r.rollout_logprobs, r.reward, r.finish_reason,
-                          (self.world.rank, i)) for i, r in enumerate(rollouts)]
+        for i, r in enumerate(rollouts):
+            r.origin = (self.world.rank, i)
         unit = self.cfg.rollout.group_size if bal.keep_groups is not False else 1
-        return rebalance(self.world, samples, unit, bal.attention_coef, bal.partitioner, bal.equal_count,
+        return rebalance(self.world, rollouts, unit, bal.attention_coef, bal.partitioner, bal.equal_count,
                          enabled=bal.enabled)
 
-    def _token_batch(self, samples: list[Sample]) -> TokenBatch:
-        batch = TokenBatch.from_sequences([r.prompt_ids for r in samples], [r.response_ids for r in samples],
+    def _token_batch(self, rollouts: list[Rollout]) -> TokenBatch:
+        batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
                                           self.tokenizer.pad_token_id)
-        batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in samples])
+        batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
         return batch
 
     def _update(self, batch: TokenBatch, step: int) -> dict[str, float]:

@@ -28,7 +28,7 @@ from yatt.transport.codec import new_secret
 ROLLOUT = "rollout"
 
 
-def judge_role(name: str) -> str:
+def genrm_role(name: str) -> str:
     return f"genrm-{name}"
 
 
@@ -56,7 +56,7 @@ class EngineServices:
             role: (str(cfg.model.path), rollout_engine, cfg.run.seed + world.rank + i * world.size)
             for i, role in enumerate(self.rollout_roles)}
         for j in cfg.reward.judges:
-            self.specs[judge_role(j.name)] = (str(j.model), judge_engine(j), cfg.run.seed + 1000 + world.rank)
+            self.specs[genrm_role(j.name)] = (str(j.model), judge_engine(j), cfg.run.seed + 1000 + world.rank)
         self.local: dict[str, EngineClient] = {}
         # () -> the policy's weight buckets; set by the shard, pushed into a restarted rollout engine
         self.policy_weights: Callable[[], Iterator[NamedTensors]] | None = None
@@ -85,7 +85,7 @@ class EngineServices:
     def rollouts(self) -> list[EngineClient]:
         return [self.local[role] for role in self.rollout_roles]
 
-    def judges(self) -> list[EngineClient]:
+    def genrm_engines(self) -> list[EngineClient]:
         return [c for role, c in self.local.items() if role not in self.rollout_roles]
 
     def push_weights(self, buckets: Iterator[NamedTensors]) -> None:

@@ -1,0 +1,36 @@
+"""A rollout: one sampled response with everything the step learns about it (log-probs, scores, reward)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from yatt.data.rows import PromptRow
+
+
+@dataclass
+class Rollout:
+    """One sampled response to a prompt, from generation to the loss.
+
+    A rollout that load balancing moved to another rank carries only what training needs (ids, log-probs,
+    reward, finish reason): its `row` is None and its text empty there.
+    """
+
+    row: PromptRow | None
+    prompt_ids: list[int]
+    response_ids: list[int]
+    rollout_logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    reward: float = 0.0
+    rule_score: float = 0.0
+    judge_scores: dict[str, float] = field(default_factory=dict)
+    origin: tuple[int, int] = (-1, -1)  # (rank, index in that rank's step) where it was generated
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able data (for state that checkpoints carry, e.g. the dynamic-sampling queue)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Rollout":
+        return cls(**{**d, "row": PromptRow(**d["row"]) if d["row"] is not None else None,
+                      "origin": tuple(d.get("origin", (-1, -1)))})
