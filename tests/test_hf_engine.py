@@ -10,33 +10,29 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from engine_refs import EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, two_policies
+from transformers import AutoTokenizer
 
 from yatt.engines.base import SamplingSpec, generate
 from yatt.engines.client import spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.hf_engine import HFEngine
-from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.transport.rpc import RemoteError
 
 pytestmark = pytest.mark.engine
 
-EOS = 2
-TINY = TinyModelConfig(max_position_embeddings=256)
 CFG = EngineConfig(backend="hf", max_model_len=256, max_num_seqs=64, weight_bucket_mb=1, startup_timeout_s=120)
-TEXTS = ["123+456=", "7*8=", "hello world ", "a, b? c:"]
 GREEDY = SamplingSpec(n=1, temperature=0.0, max_tokens=12)
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {"A": write_tiny_model(root / "A", TINY, seed=0), "B": write_tiny_model(root / "B", TINY, seed=1)}
+    return two_policies(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")
 def hf(folders: dict[str, Path]) -> dict[str, torch.nn.Module]:
-    return {k: AutoModelForCausalLM.from_pretrained(v, dtype=torch.float32).eval() for k, v in folders.items()}
+    return load_policies(folders)
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +47,6 @@ def engine(folders: dict[str, Path]) -> HFEngine:
     eng = HFEngine(str(folders["A"]), CFG, seed=0)
     yield eng
     eng.shutdown()
-
-
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, eos_token_id=EOS,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
-@torch.no_grad()
-def hf_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    """log_softmax of a plain unpadded forward's raw float32 logits at the completion's tokens."""
-    logp = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float(), -1)
-    return logp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def assert_matches_hf(rows, model, prompts, max_new: int = 12) -> None:

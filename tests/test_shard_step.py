@@ -7,9 +7,9 @@ import threading
 
 import pytest
 import torch
+from e2e import ONE_TOKEN_GRPO, experiment
 from transformers import AutoTokenizer
 
-from tests.e2e import ONE_TOKEN_GRPO, experiment
 from yatt.config import load_experiment
 from yatt.controllers.components import build_components
 from yatt.controllers.shard import ControllerShard

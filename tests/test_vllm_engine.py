@@ -13,35 +13,35 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from engine_refs import EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, two_policies
+from transformers import AutoTokenizer
 
-from yatt.engines.base import SamplingSpec
-from yatt.engines.client import EngineClient, EngineDied, EngineStartError, spawn_engine
+from yatt.engines.base import SamplingSpec, weight_buckets
+from yatt.engines.client import (
+    TORCHRUN_VARS,
+    EngineClient,
+    EngineDied,
+    EngineStartError,
+    engine_env,
+    spawn_engine,
+)
 from yatt.engines.config import EngineConfig
-from yatt.engines.base import weight_buckets
-from yatt.engines.client import TORCHRUN_VARS, engine_env
-from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 pytestmark = pytest.mark.engine
 
-EOS = 2
-# 256 positions so a prompt can exceed one 128-token KV block (the prefix-cache granularity).
-TINY = TinyModelConfig(max_position_embeddings=256)
 CFG = EngineConfig(max_model_len=256, max_num_seqs=64, kv_cache_gib=0.25, weight_bucket_mb=1, startup_timeout_s=300)
-TEXTS = ["123+456=", "7*8=", "hello world ", "a, b? c:"]
 TIMINGS: dict[str, float] = {}
 GREEDY: dict[str, list[list[int]]] = {}
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("models")
-    return {"A": write_tiny_model(root / "A", TINY, seed=0), "B": write_tiny_model(root / "B", TINY, seed=1)}
+    return two_policies(tmp_path_factory.mktemp("models"))
 
 
 @pytest.fixture(scope="module")
 def hf(folders: dict[str, Path]) -> dict[str, torch.nn.Module]:
-    return {k: AutoModelForCausalLM.from_pretrained(v, dtype=torch.float32).eval() for k, v in folders.items()}
+    return load_policies(folders)
 
 
 @pytest.fixture(scope="module")
@@ -60,20 +60,6 @@ def engine(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     yield client
     client.close()
     print("\nengine timings:", {k: round(v, 3) for k, v in TIMINGS.items()})
-
-
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new: int) -> list[int]:
-    out = model.generate(
-        torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, eos_token_id=EOS, pad_token_id=0
-    )
-    return out[0, len(prompt):].tolist()
-
-
-@torch.no_grad()
-def hf_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> torch.Tensor:
-    ids = torch.tensor([prompt + completion])
-    logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
-    return logp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def check_against_hf(engine: EngineClient, model: torch.nn.Module, prompts: list[list[int]], max_new: int) -> list[list[int]]:
