@@ -20,9 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from yatt.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from yatt.algorithms.grpo import GRPOConfig
 from yatt.algorithms.ppo_clip import PPOClipConfig
+from yatt.balance.partition import PARTITIONERS
 from yatt.config_loading import ConfigError, load_config
 from yatt.engines.config import EngineConfig
 from yatt.genrm.config import JudgeConfig
+from yatt.genrm.mixing import MixMode
 from yatt.registry import Registry
 from yatt.trainers import TRAINERS
 
@@ -71,7 +73,7 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    kind: Literal["rule", "genrm", "genrm_with_rule"] = Field(
+    kind: MixMode = Field(
         "rule", description="rule: the verifier chosen by each row's data_source; genrm: the judges' weighted "
         "mean; genrm_with_rule: the weighted mean of the rule score (rule_weight) and the judges.")
     rule_weight: float = Field(1.0, ge=0.0, description="Weight of the rule score in genrm_with_rule.")
@@ -181,10 +183,15 @@ class BalanceConfig(Section):
     enabled: bool = Field(False, description="Rebalance rollouts across ranks after rewards, before logprobs.")
     attention_coef: float = Field(0.0, ge=0.0, description="Workload per sample is L + attention_coef * L^2 "
                                   "(L = prompt + response tokens); raise it when attention dominates.")
-    partitioner: Literal["kk", "greedy"] = Field("kk", description="kk: Karmarkar-Karp; greedy: LPT.")
+    partitioner: str = Field("kk", description="kk: Karmarkar-Karp; greedy: LPT (yatt.balance.partition).")
     equal_count: bool = Field(False, description="Also give every rank the same number of units (+-1).")
     keep_groups: bool | None = Field(None, description="Move whole groups (all samples of a prompt); None: "
                                      "when the advantage estimator needs them (grpo does).")
+
+    @field_validator("partitioner")
+    @classmethod
+    def _known_partitioner(cls, value: str) -> str:
+        return _check_choice("balance.partitioner", value, PARTITIONERS)
 
 
 class PlacementConfig(Section):
