@@ -126,3 +126,13 @@ def test_launcher_reports_malformed_jsonl_line(tmp_path, model_dir):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{tmp_path / 'train.jsonl'}:2: not valid JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_registered_plugin_is_a_valid_choice(tmp_path, model_dir, monkeypatch):
+    from yatt.trainers import TRAINERS
+
+    path = write_config(tmp_path, model_dir)
+    monkeypatch.setattr(TRAINERS, "_entries", dict(TRAINERS._entries))  # undone after the test
+    TRAINERS.register("mine", "yatt.trainers.torch_trainer:TorchTrainer")
+    assert load_experiment(path, ["trainer.backend=mine"]).trainer.backend == "mine"
+    assert TRAINERS.get("mine").__name__ == "TorchTrainer"

@@ -122,11 +122,6 @@ class EngineClient:
         return self.proc.pid if self.proc else None
 
     @property
-    def owned(self) -> bool:
-        """Whether this client started the engine's process (and stops it on close)."""
-        return self.proc is not None
-
-    @property
     def closed(self) -> bool:
         return self._closed
 
