@@ -8,12 +8,10 @@ line in its registry; the config's allowed values are the registry's names.
 from __future__ import annotations
 
 import importlib
-from typing import Generic, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
-class Registry(Generic[T]):
+class Registry:
     def __init__(self, field: str, entries: dict[str, str]):
         self.field = field  # the config key that selects an entry, for error messages
         self._entries = dict(entries)
@@ -27,7 +25,7 @@ class Registry(Generic[T]):
             raise ValueError(f"unknown {self.field} {name!r}; registered: {', '.join(self.names())}")
         return name
 
-    def get(self, name: str) -> T:
+    def get(self, name: str) -> Any:
         module, _, attr = self._entries[self.check(name)].partition(":")
         return getattr(importlib.import_module(module), attr)
 

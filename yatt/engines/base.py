@@ -10,6 +10,8 @@ from typing import Any, Protocol
 import torch
 
 NamedTensors = list[tuple[str, torch.Tensor]]  # weights under Hugging Face parameter names
+# the config's dtype names (engine.dtype, trainer.dtype) -> torch dtypes
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass

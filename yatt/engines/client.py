@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 import yatt
-from yatt.engines.base import Completion, SamplingSpec, weight_buckets
+from yatt.engines.base import DTYPES, Completion, SamplingSpec, weight_buckets
 from yatt.engines.config import EngineConfig
 from yatt.transport.codec import new_secret
 from yatt.transport.rpc import RpcClient
@@ -33,7 +33,6 @@ TORCHRUN_VARS = frozenset({
 })  # fmt: skip
 TORCHRUN_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class EngineStartError(RuntimeError):
@@ -131,8 +130,8 @@ class EngineClient:
         return self.proc is None or self.proc.poll() is None
 
     def _check_alive(self) -> None:
-        rc = self.proc.poll() if self.proc else None
-        if rc is not None:
+        if not self.alive():
+            rc = self.proc.poll()
             raise EngineDied(
                 f"engine process {self.proc.pid} exited with code {rc}; last lines of {self.log_path}:\n"
                 + log_tail(self.log_path)
@@ -187,7 +186,7 @@ class EngineClient:
         Floating tensors are cast to the engine dtype here, so no more bytes travel than the
         engine keeps; each bucket is applied before the next is sent, bounding extra memory.
         """
-        dtype = _DTYPES[self.cfg.dtype]
+        dtype = DTYPES[self.cfg.dtype]
         prepared = [
             (name, t.detach().to("cpu", dtype=dtype if t.is_floating_point() else t.dtype).contiguous())
             for name, t in named_tensors

@@ -23,12 +23,10 @@ from typing import Any
 
 import torch
 
-from yatt.engines.base import Completion, SamplingSpec
+from yatt.engines.base import DTYPES, Completion, SamplingSpec
 from yatt.engines.config import EngineConfig
 
 log = logging.getLogger(__name__)
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -57,7 +55,7 @@ class HFEngine:
         t0 = time.perf_counter()
         torch.set_num_threads(cfg.threads)
         self.model_path, self.cfg = str(model_path), cfg
-        self.dtype = _DTYPES[cfg.dtype]
+        self.dtype = DTYPES[cfg.dtype]
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.sleep_supported = self.device.type != "cpu"
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()

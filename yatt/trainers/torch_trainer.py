@@ -21,11 +21,9 @@ from yatt.algorithms import entropy_from_logits, token_logprobs
 from yatt.balance.packing import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
-from yatt.engines.base import NamedTensors, weight_buckets
+from yatt.engines.base import DTYPES, NamedTensors, weight_buckets
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def lr_factor(step: int, cfg: TrainerConfig, total_steps: int) -> float:
