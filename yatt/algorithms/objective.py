@@ -7,20 +7,19 @@ else: a new estimator or loss is added in its own file and registry line, not he
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from yatt.algorithms import ADVANTAGES, POLICY_LOSSES
-from yatt.algorithms.aggregation import aggregate_loss, masked_sum, token_logprobs
+from yatt.algorithms.aggregation import aggregate_loss, masked_sum
 from yatt.algorithms.base import AdvantageInput
 from yatt.algorithms.kl import kl_estimate
+from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
 
 if TYPE_CHECKING:
     from yatt.config import AlgorithmConfig
-
-LossFn = Callable[[Tensor, TokenBatch], tuple[Tensor, dict[str, float]]]
 
 
 class Algorithm:
@@ -39,7 +38,7 @@ class Algorithm:
         return self.estimator.compute(inp, self.cfg.advantage)
 
     def objective(self, num_tokens: float, num_seqs: float, norm_length: int) -> LossFn:
-        """A loss function for `Trainer.train_mini_batch`: (logits [B, L-1, V], micro-batch) -> (loss, sums).
+        """A loss function for `Trainer.train_mini_batch` (`yatt.trainers.base.LossFn`).
 
         num_tokens / num_seqs are the mini-batch's global counts divided by the world size: summing
         micro-batch losses and letting data parallelism average over ranks then gives exactly the loss of
@@ -48,8 +47,7 @@ class Algorithm:
         """
         cfg = self.cfg
 
-        def loss_fn(logits: Tensor, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
-            logp = token_logprobs(logits, mb.input_ids[:, 1:])
+        def loss_fn(logp: Tensor, entropy: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
             token_loss, stats = self.loss.compute(logp, mb.extras["old_logprobs"], mb.extras["advantages"],
                                                   mb.mask, cfg.policy_loss)
             tokens = float(mb.mask.sum())

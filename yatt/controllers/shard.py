@@ -191,6 +191,7 @@ class ControllerShard:
         batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
                                           self.tokenizer.pad_token_id)
         batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
+        batch.temperature = self.cfg.rollout.temperature
         return batch
 
     def _update(self, batch: TokenBatch, step: int) -> dict[str, float]:

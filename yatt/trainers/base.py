@@ -17,8 +17,11 @@ from torch import Tensor
 from yatt.engines.base import NamedTensors
 from yatt.trainers.batch import TokenBatch
 
-# (logits [B, L-1, V] float32 of the micro-batch, the micro-batch) -> (loss, {stat: sum over its tokens})
-LossFn = Callable[[Tensor, TokenBatch], tuple[Tensor, dict[str, float]]]
+# (logprobs [B, L-1] float32 with grad: log-prob of each target token under softmax(logits / mb.temperature),
+#  entropy [B, L-1] with grad or None (only when train_mini_batch was asked for it), the micro-batch)
+#  -> (loss, {stat: sum over its tokens}).  Backends never hand full-vocabulary logits to a loss: they may
+#  compute these per-token values in chunks, packed, or sharded over the vocabulary.
+LossFn = Callable[[Tensor, Tensor | None, TokenBatch], tuple[Tensor, dict[str, float]]]
 
 
 class Trainer(Protocol):
@@ -27,12 +30,14 @@ class Trainer(Protocol):
     replicated: bool
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Per-token log-probs (and entropies) of the batch's own tokens, [B, L-1] on CPU, 0 outside the mask."""
+        """Per-token log-probs (and entropies) of the batch's own tokens under softmax(logits / batch.temperature),
+        [B, L-1] on CPU, 0 outside the mask."""
         ...
 
-    def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
+    def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         """One optimizer step over `batch` (every rank calls it together); the loss_fn sums plus grad_norm,
-        lr and skipped (1.0 when a non-finite gradient norm skipped the step)."""
+        lr and skipped (1.0 when a non-finite gradient norm skipped the step). `with_entropy`: the loss
+        needs the entropy (with its gradient), e.g. for an entropy bonus."""
         ...
 
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:

@@ -18,6 +18,9 @@ class TokenBatch:
     attention_mask: Tensor                 # [B, L] long
     mask: Tensor                           # [B, L-1] float: response targets
     extras: dict[str, Tensor] = field(default_factory=dict)  # [B] or [B, L-1] tensors riding along
+    # the sampling temperature of the responses: log-probs are of softmax(logits / temperature), the
+    # distribution the engine sampled from (1.0 for data that was not sampled, e.g. SFT)
+    temperature: float = 1.0
 
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> "TokenBatch":
@@ -51,7 +54,7 @@ class TokenBatch:
         width = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 2
         extras = {k: (v[rows, : width - 1] if v.dim() == 2 else v[rows]) for k, v in self.extras.items()}
         return TokenBatch(self.input_ids[rows, :width], self.attention_mask[rows, :width],
-                          self.mask[rows, : width - 1], extras)
+                          self.mask[rows, : width - 1], extras, self.temperature)
 
     def lengths(self) -> list[int]:
         """Real (unpadded) tokens per sequence."""
@@ -59,4 +62,4 @@ class TokenBatch:
 
     def to(self, device: torch.device) -> "TokenBatch":
         return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device),
-                          {k: v.to(device) for k, v in self.extras.items()})
+                          {k: v.to(device) for k, v in self.extras.items()}, self.temperature)

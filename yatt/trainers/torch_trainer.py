@@ -68,9 +68,14 @@ class TorchTrainer:
         """Row indices per micro-batch: trainer.micro_batch_tokens packing, else micro_batch_size rows."""
         return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
 
-    def _logits(self, mb: TokenBatch) -> Tensor:
-        out = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        return out.logits[:, :-1].float()
+    def _token_outputs(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
+                       ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs (and entropies) of mb's target tokens under softmax(logits / mb.temperature), [B, L-1]."""
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+        logits = out.logits[:, :-1].float()
+        if mb.temperature != 1.0:
+            logits = logits / mb.temperature
+        return token_logprobs(logits, mb.input_ids[:, 1:]), entropy_from_logits(logits) if with_entropy else None
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -79,15 +84,14 @@ class TorchTrainer:
         for rows in self.micro_batches(batch):
             mb = batch.select(rows).to(self.world.device)
             # the bare module: no DDP hooks for a forward without backward
-            out = self.module(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-            logits = out.logits[:, :-1].float()
-            rows, width = torch.tensor(rows)[:, None], torch.arange(logits.shape[1])
-            logps[rows, width] = (token_logprobs(logits, mb.input_ids[:, 1:]) * mb.mask).cpu()
+            logp, ent = self._token_outputs(self.module, mb, with_entropy)
+            rows, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
+            logps[rows, width] = (logp * mb.mask).cpu()
             if with_entropy:
-                ents[rows, width] = (entropy_from_logits(logits) * mb.mask).cpu()
+                ents[rows, width] = (ent * mb.mask).cpu()
         return logps, ents
 
-    def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn) -> dict[str, float]:
+    def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         """One optimizer step over `batch`, accumulating gradients over micro-batches.
 
         loss_fn must already be normalised by the global (all micro-batches, all ranks) denominators:
@@ -107,7 +111,7 @@ class TorchTrainer:
             with sync:
                 if i < len(micro):
                     mb = batch.select(micro[i]).to(self.world.device)
-                    loss, stats = loss_fn(self._logits(mb), mb)
+                    loss, stats = loss_fn(*self._token_outputs(self.model, mb, with_entropy), mb)
                 else:
                     loss, stats = self._zero_loss(), {}
                 loss.backward()
