@@ -4,6 +4,7 @@ engine service over a real socket (in a thread), built through the same factory 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -68,10 +69,10 @@ class FakeEngine:
         pass
 
 
-@pytest.fixture
-def shard(tmp_path):
+@contextmanager
+def fake_shard(tmp_path, *overrides: str):
     config = experiment(tmp_path, ONE_TOKEN_GRPO.replace("max_new_tokens: 1", "max_new_tokens: 2"))
-    cfg = load_experiment(config, ["data.shuffle=false"])  # step 1 takes rows 0..7: "0+0=" .. "0+7="
+    cfg = load_experiment(config, ["data.shuffle=false", *overrides])  # step 1: rows 0..7, "0+0=" .. "0+7="
     tok = AutoTokenizer.from_pretrained(str(cfg.model.path))
     engines, servers = [], []
 
@@ -84,12 +85,20 @@ def shard(tmp_path):
         return connect_engine(server.endpoint, secret, engine_cfg)
 
     shard = ControllerShard(cfg, WORLD, build_components(cfg, WORLD, tmp_path / "run", spawn=spawn))
-    yield shard, engines
-    shard.close()
-    for server, thread in servers:
-        server.stop()
-        thread.join()
-        server.close()
+    try:
+        yield shard, engines
+    finally:
+        shard.close()
+        for server, thread in servers:
+            server.stop()
+            thread.join()
+            server.close()
+
+
+@pytest.fixture
+def shard(tmp_path):
+    with fake_shard(tmp_path) as made:
+        yield made
 
 
 def test_step_trains_on_the_engine_samples_and_syncs_the_weights(shard):
@@ -124,3 +133,25 @@ def test_the_step_follows_the_configured_algorithm(shard):
     assert shard.algorithm.stats == ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl")
     state = shard.state_dict()
     assert shard.replicated == ("trainer",) and set(state) >= {"trainer", "train_stream", "rng", "progress"}
+
+
+def test_reusing_the_on_policy_forward_changes_nothing_but_the_work(tmp_path):
+    """old_logprobs=reuse (the first of 2 mini-batches takes its old log-probs from its own forward) gives
+    the step of recompute (a pass over every sample first): same loss, ratios, metrics and weights."""
+    results = {}
+    for mode in ("recompute", "reuse", "rollout"):
+        torch.manual_seed(0)
+        with fake_shard(tmp_path / mode, f"algorithm.old_logprobs={mode}") as (shard, _):
+            results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
+    (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
+    for key in ("actor/policy_loss", "actor/ratio_mean", "actor/clip_frac", "actor/grad_norm", "actor/entropy",
+                "rollout/trainer_logprob_diff_mean", "rollout/trainer_logprob_diff_max"):
+        assert got[key] == pytest.approx(want[key], abs=1e-5), key
+    assert want["actor/entropy"] > 0
+    for name, w in want_w.items():
+        torch.testing.assert_close(got_w[name], w, rtol=0, atol=1e-5)
+    # rollout: the fake engine's log-probs (-1 per token) are the old policy: ratios far from 1; entropies
+    # come from the first epoch's forwards (the second mini-batch's after one optimizer step)
+    rollout = results["rollout"][0]
+    assert rollout["actor/ratio_mean"] != pytest.approx(1.0, abs=1e-3)
+    assert rollout["actor/entropy"] == pytest.approx(want["actor/entropy"], rel=0.05)

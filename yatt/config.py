@@ -135,6 +135,11 @@ class AlgorithmConfig(Section):
     kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term or as a reward penalty.")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
+    old_logprobs: Literal["recompute", "reuse", "rollout"] = Field(
+        "reuse", description="Where the old policy's log-probs come from. recompute: a trainer pass over every "
+        "sample before the update. reuse: the first mini-batch is exactly on-policy, so its own forward gives "
+        "them (same values, one pass fewer over its samples); the pass covers the other mini-batches. rollout: "
+        "the engine's log-probs (no pass; off-policy by the engine/trainer mismatch).")
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
     @model_validator(mode="before")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from yatt.algorithms import ADVANTAGES, POLICY_LOSSES
@@ -20,6 +21,18 @@ from yatt.trainers.batch import TokenBatch
 
 if TYPE_CHECKING:
     from yatt.config import AlgorithmConfig
+
+
+def old_logprobs(logp: Tensor, mb: TokenBatch) -> Tensor:
+    """The old policy's log-probs. Rows flagged `on_policy` are trained before any optimizer step of this
+    RL step, so the trainer's weights are still the old policy: their own detached log-probs are the old
+    ones, and no pass computed them beforehand (algorithm.old_logprobs = reuse)."""
+    old = mb.extras.get("old_logprobs")
+    on_policy = mb.extras.get("on_policy")
+    if on_policy is None:
+        return old
+    fresh = logp.detach()
+    return fresh if old is None else torch.where(on_policy.bool()[:, None], fresh, old)
 
 
 class Algorithm:
@@ -48,7 +61,7 @@ class Algorithm:
         cfg = self.cfg
 
         def loss_fn(logp: Tensor, entropy: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
-            token_loss, stats = self.loss.compute(logp, mb.extras["old_logprobs"], mb.extras["advantages"],
+            token_loss, stats = self.loss.compute(logp, old_logprobs(logp, mb), mb.extras["advantages"],
                                                   mb.mask, cfg.policy_loss)
             tokens = float(mb.mask.sum())
             sums = {"tokens": tokens, "policy_loss": float(masked_sum(token_loss.detach(), mb.mask))}
