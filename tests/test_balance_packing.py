@@ -45,15 +45,21 @@ def test_token_budget_gives_the_same_update_as_count_based(tiny):
     prompts = [torch.randint(3, 40, (4,), generator=gen).tolist() for _ in range(8)]
     responses = [torch.randint(3, 40, (1 + (5 * i) % 11,), generator=gen).tolist() + [2] for i in range(8)]
     results = []
-    for cfg in (TrainerConfig(lr=1e-2, micro_batch_size=8), TrainerConfig(lr=1e-2, micro_batch_tokens=30)):
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    # by count; by padded tokens (4 micro-batches); packed: by real tokens
+    for cfg, count in ((TrainerConfig(lr=1e-2, micro_batch_size=8, micro_batch_tokens=0), 1),
+                       (TrainerConfig(lr=1e-2, micro_batch_tokens=30, pack_sequences=False), 4),
+                       (TrainerConfig(lr=1e-2, micro_batch_tokens=30), len(pack_by_tokens(lengths, 30, padded=False)))):
         torch.manual_seed(0)
         trainer = TorchTrainer(tiny, cfg, world)
         batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
         batch.extras.update(old_logprobs=trainer.logprobs(batch)[0], advantages=torch.tensor([1.0, -1.0] * 4))
-        assert len(trainer.micro_batches(batch)) == (1 if cfg.micro_batch_tokens == 0 else 4)
+        assert len(trainer.micro_batches(batch)) == count
         stats = trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(float(batch.mask.sum()), 8, 8))
         results.append((stats["grad_norm"], batch.extras["old_logprobs"], dict(trainer.named_weights())))
-    assert math.isclose(results[0][0], results[1][0], rel_tol=1e-4)
-    torch.testing.assert_close(results[0][1], results[1][1])  # packed logprobs land on their own rows
-    for name, w in results[0][2].items():
-        torch.testing.assert_close(w, results[1][2][name], rtol=1e-3, atol=1e-4)
+    assert pack_by_tokens(lengths, 30, padded=False) != pack_by_tokens(lengths, 30)  # real tokens pack otherwise
+    for other in results[1:]:
+        assert math.isclose(results[0][0], other[0], rel_tol=1e-4)
+        torch.testing.assert_close(results[0][1], other[1])  # packed logprobs land on their own rows
+        for name, w in results[0][2].items():
+            torch.testing.assert_close(w, other[2][name], rtol=1e-3, atol=1e-4)

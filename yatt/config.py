@@ -173,11 +173,13 @@ class TrainerConfig(Section):
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: final lr as a fraction of lr.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
-    micro_batch_tokens: int = Field(0, ge=0, description="If > 0, pack micro-batches by padded tokens "
-                                    "(sequences x longest length) up to this budget instead of micro_batch_size.")
+    micro_batch_tokens: int = Field(2048, ge=0, description="If > 0, a micro-batch also holds at most this many "
+                                    "tokens (real tokens when pack_sequences, else sequences x longest length): "
+                                    "bounds activation memory whatever the lengths; raise it on GPUs with memory "
+                                    "to spare. 0: micro_batch_size alone.")
     pack_sequences: bool = Field(True, description="Lay a micro-batch's sequences end to end (no pad tokens in the "
                                  "linear layers; attention kept per sequence). False: right-padded rows.")
-    logprob_chunk_tokens: int = Field(1024, ge=0, description="Run the output head over this many scored tokens at "
+    logprob_chunk_tokens: int = Field(256, ge=0, description="Run the output head over this many scored tokens at "
                                       "a time (recomputed in backward), so full-vocabulary logits never exist; "
                                       "0: all at once.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward instead of "

@@ -35,16 +35,14 @@ def head_scores(hidden: Tensor, head: nn.Linear, targets: Tensor, temperature: f
     chunk = chunk_tokens if chunk_tokens > 0 else max(len(hidden), 1)
     recompute = torch.is_grad_enabled() and hidden.requires_grad and chunk < len(hidden)
     logps, ents = [], []
-    for start in range(0, len(hidden), chunk):
+    # at least one (maybe empty) chunk: an empty micro-batch still reaches every weight, which DDP needs
+    for start in range(0, max(len(hidden), 1), chunk):
         args = (hidden[start:start + chunk], head.weight, head.bias, targets[start:start + chunk], temperature,
                 with_entropy)
         out = checkpoint(_chunk_scores, *args, use_reentrant=False) if recompute else _chunk_scores(*args)
         logp, ent = out if with_entropy else (out, None)
         logps.append(logp)
         ents.append(ent)
-    if not logps:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty if with_entropy else None
     return torch.cat(logps), torch.cat(ents) if with_entropy else None
 
 

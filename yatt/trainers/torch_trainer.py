@@ -66,15 +66,18 @@ class TorchTrainer:
             self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if world.grouped:  # also a one-GPU torchrun run: its gradients then go through NCCL like any other
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.scorer, device_ids=device_ids)
+            # gradients as views into DDP's all-reduce buckets: one copy of the gradients, not two
+            self.model = DistributedDataParallel(self.scorer, device_ids=device_ids, gradient_as_bucket_view=True)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
 
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
-        """Row indices per micro-batch: trainer.micro_batch_tokens packing, else micro_batch_size rows."""
-        return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+        """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (real
+        tokens when packed, padded slots when not)."""
+        return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens,
+                                padded=not self.cfg.pack_sequences)
 
     def _token_outputs(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
                        ) -> tuple[Tensor, Tensor | None]:

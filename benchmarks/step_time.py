@@ -1,0 +1,345 @@
+"""Step time and trainer memory: today's path vs each efficiency option vs all of them, side by side.
+
+    OMP_NUM_THREADS=1 python benchmarks/step_time.py [--workload quickstart|100m|all] [--steps 40]
+        [--trainer-steps 2] [--model PATH] [--baseline REV] [--out benchmarks/results/step_time]
+
+"today" is the code of git revision --baseline (default: the last commit before this work), run from a
+`git archive` of it; every other variant is this checkout with some options on (yatt.config TrainerConfig
+pack_sequences / logprob_chunk_tokens / activation_checkpointing / autocast, AlgorithmConfig old_logprobs).
+Variants run one after the other, never at once, on the same data and seeds.
+
+Workloads:
+- quickstart: real RL runs, `torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml
+  --placement full` for --steps steps each (no eval, no checkpoints). Per variant: the median over steps
+  (the first 3 left out: warm-up) of the step time and of each stage's time (max over ranks, as logged in
+  metrics.jsonl), the rollout-vs-trainer log-prob mismatch, and the peak RSS of each rank process (VmHWM,
+  sampled from /proc; the rank process only — engines are separate processes).
+- 100m: the trainer alone (log-prob pass + one optimizer step, what a step's logprobs and update stages
+  run) on 2 ranks (gloo), a 100M-class model: SmolLM2-135M's shape (30 layers, hidden 576, 49,152-token
+  vocabulary, tied embeddings) with random weights, or --model PATH (e.g. a converted SmolLM2-135M). 16
+  samples per rank (32 per step), prompts of 32-96 tokens, responses of 64-128 tokens. Per variant: the
+  mean over --trainer-steps steps after one warm-up step, and the peak trainer memory per rank = peak RSS
+  (VmHWM) minus the RSS before the model was loaded. The log-prob drift of each variant against the
+  padded float32 path on the same weights shows what activation checkpointing and bf16 autocast change.
+
+Writes <out>.json (everything), <out>.md (tables with ratios to today) and <out>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASELINE = "d1693d4"  # the last commit before padding-free batches, the chunked head and the reused pass
+OFF = {"pack_sequences": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
+QUICKSTART = {  # variant: (code, trainer settings, algorithm settings)
+    "today": ("baseline", {}, {}),
+    "all off": ("current", OFF, {"old_logprobs": "recompute"}),
+    "+packed": ("current", {"pack_sequences": True, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0},
+                {"old_logprobs": "recompute"}),
+    "+reuse pass": ("current", OFF, {"old_logprobs": "reuse"}),
+    "all (defaults)": ("current", {}, {}),
+}
+TRAINER_100M = {
+    "today": ("baseline", {}, {}),
+    "all off": ("current", OFF, {"old_logprobs": "recompute"}),
+    "+packed": ("current", {"pack_sequences": True, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0},
+                {"old_logprobs": "recompute"}),
+    "+chunked head": ("current", {"pack_sequences": False, "micro_batch_tokens": 0}, {"old_logprobs": "recompute"}),
+    "+token budget": ("current", {"pack_sequences": True, "logprob_chunk_tokens": 0}, {"old_logprobs": "recompute"}),
+    "+reuse pass": ("current", OFF, {"old_logprobs": "reuse"}),
+    "all (defaults)": ("current", {}, {}),
+    "all + act. ckpt": ("current", {"activation_checkpointing": True}, {}),
+    "all + bf16 autocast": ("current", {"autocast": "bfloat16"}, {}),
+}
+STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The tree of `rev` as plain files (the baseline variant runs its own yatt and launcher)."""
+    archive = into / "baseline.tar"
+    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), rev], check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / "baseline", filter="data")
+    (into / "baseline/models").symlink_to(REPO / "models")  # models are built, not tracked
+    return into / "baseline"
+
+
+def vm_kib(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class PeakRss:
+    """Samples VmHWM of the rank processes under a torchrun (children running launch/train.py)."""
+
+    def __init__(self, root: int):
+        self.root, self.peak_kib, self._stop = root, {}, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import psutil
+        while not self._stop.wait(0.25):
+            try:
+                children = psutil.Process(self.root).children()
+            except psutil.Error:
+                continue
+            for child in children:
+                try:
+                    if "launch/train.py" in " ".join(child.cmdline()):
+                        self.peak_kib[child.pid] = max(self.peak_kib.get(child.pid, 0), vm_kib(child.pid, "VmHWM"))
+                except psutil.Error:
+                    pass
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self.thread.join()
+        return sorted(k / 2**20 for k in self.peak_kib.values())  # GiB per rank
+
+
+def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int, work: Path) -> dict:
+    overrides = [f"run.steps={steps}", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
+                 f"run.output_dir={work}", f"run.name={name.replace(' ', '_').replace('(', '').replace(')', '')}"]
+    overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
+    overrides += [f"algorithm.{k}={v}" for k, v in algo.items()]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
+           "--config", "configs/quickstart.yaml", "--placement", "full", "--resume", "none", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
+    start = time.perf_counter()
+    with open(work / f"{name}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
+        rss = PeakRss(proc.pid)
+        rc = proc.wait()
+    peaks = rss.stop()
+    if rc:
+        raise RuntimeError(f"variant {name!r} failed (exit {rc}); see {work / f'{name}.log'}")
+    run_dir = work / overrides[-1].split("=", 1)[1]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_ = [r for r in records if r.get("step", 0) > 3 and "time/step_s" in r]
+
+    def median(key: str) -> float:
+        return statistics.median(r.get(key, 0.0) for r in steps_)
+
+    return {"variant": name, "step_s": median("time/step_s"),
+            **{f"{s}_s": median(f"time/{s}_s") for s in STAGES},
+            "lp_diff_mean": median("rollout/trainer_logprob_diff_mean"), "reward_last": steps_[-1]["reward/mean"],
+            "peak_rss_gib": peaks, "wall_s": time.perf_counter() - start, "steps": len(steps_)}
+
+
+# ---- the 100M trainer workload: this file is also the worker, under torchrun --------------------
+
+def smollm2_shaped(folder: Path) -> Path:
+    """A random-weight Llama with SmolLM2-135M's shape (what the 100m workload trains when no --model)."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                         rope_theta=100_000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def trainer_worker(args: argparse.Namespace) -> None:
+    sys.path.insert(0, args.code)
+    import torch
+
+    from yatt.algorithms.objective import Algorithm
+    from yatt.config import AlgorithmConfig, TrainerConfig
+    from yatt.distributed import init_world
+    from yatt.trainers.batch import TokenBatch
+    from yatt.trainers.torch_trainer import TorchTrainer
+
+    torch.set_num_threads(1)
+    world = init_world()
+    trainer_cfg, algo_cfg = json.loads(args.trainer), json.loads(args.algo)
+    rss_before = vm_kib(os.getpid(), "VmRSS")
+    trainer = TorchTrainer(args.model, TrainerConfig(lr=1e-5, micro_batch_size=64, **trainer_cfg), world)
+    rng = random.Random(1000 + world.rank)
+    vocab = trainer.hf_config.vocab_size
+    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(32, 96))] for _ in range(16)]
+    responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(64, 128))] for _ in range(16)]
+    batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
+    batch.extras["advantages"] = torch.tensor([rng.uniform(-1, 1) for _ in prompts])
+    algorithm = Algorithm(AlgorithmConfig(**{k: v for k, v in algo_cfg.items() if k != "old_logprobs"}))
+    # one mini-batch: with old_logprobs = reuse all of it is on-policy (today's code has no such setting)
+    reuse = algo_cfg.get("old_logprobs", getattr(AlgorithmConfig(), "old_logprobs", "recompute")) == "reuse"
+    probe = trainer.logprobs(batch)[0]  # before any update: the drift against the float32 padded path
+    times = []
+    for step in range(args.trainer_steps + 1):
+        world.barrier()
+        start = time.perf_counter()
+        if reuse:
+            batch.extras["on_policy"] = torch.ones(len(batch))
+        else:
+            batch.extras["old_logprobs"] = trainer.logprobs(batch)[0]
+        middle = time.perf_counter()
+        tokens, seqs = world.sum([float(batch.mask.sum()), float(len(batch))])
+        trainer.train_mini_batch(batch, algorithm.objective(tokens / world.size, seqs / world.size, 128))
+        end = time.perf_counter()
+        if step:  # step 0 warms up
+            times.append((middle - start, end - middle))
+    out = {"rank": world.rank, "logprobs_s": statistics.mean(t[0] for t in times),
+           "update_s": statistics.mean(t[1] for t in times),
+           "peak_trainer_gib": (vm_kib(os.getpid(), "VmHWM") - rss_before) / 2**20,
+           "peak_rss_gib": vm_kib(os.getpid(), "VmHWM") / 2**20}
+    Path(args.result).with_suffix(f".rank{world.rank}.json").write_text(json.dumps(out))
+    torch.save(probe, Path(args.result).with_suffix(f".rank{world.rank}.pt"))
+
+
+def run_trainer(name: str, code: Path, trainer: dict, algo: dict, model: Path, steps: int, work: Path) -> dict:
+    import torch
+    result = work / name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "plus_")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(Path(__file__).resolve()),
+           "--worker", "--code", str(code), "--model", str(model), "--trainer", json.dumps(trainer),
+           "--algo", json.dumps(algo), "--trainer-steps", str(steps), "--result", str(result)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
+    start = time.perf_counter()
+    with open(f"{result}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc:
+        raise RuntimeError(f"variant {name!r} failed (exit {rc}); see {result}.log")
+    ranks = [json.loads(result.with_suffix(f".rank{r}.json").read_text()) for r in range(2)]
+    probes = [torch.load(result.with_suffix(f".rank{r}.pt")) for r in range(2)]
+    return {"variant": name, "logprobs_s": max(r["logprobs_s"] for r in ranks),
+            "update_s": max(r["update_s"] for r in ranks),
+            "trainer_s": max(r["logprobs_s"] + r["update_s"] for r in ranks),
+            "peak_trainer_gib": max(r["peak_trainer_gib"] for r in ranks),
+            "peak_rss_gib": max(r["peak_rss_gib"] for r in ranks), "wall_s": time.perf_counter() - start,
+            "_probes": probes}
+
+
+def chosen(variants: dict, names: list[str] | None) -> dict:
+    if names is None:
+        return variants
+    unknown = set(names) - set(variants)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {list(variants)}")
+    return {k: v for k, v in variants.items() if k in {"today", "all off", *names}}
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+def table(rows: list[dict], columns: list[tuple[str, str]], ratio_of: list[str]) -> str:
+    today = rows[0]
+    head = "| variant | " + " | ".join(title for _, title in columns) + " | " + " | ".join(
+        f"{k} / today" for k in ratio_of) + " |"
+    lines = [head, "|" + "---|" * (1 + len(columns) + len(ratio_of))]
+    for r in rows:
+        cells = [f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k, _ in columns]
+        ratios = [f"{r[k] / today[k]:.2f}x" if today[k] else "-" for k in ratio_of]
+        lines.append(f"| {r['variant']} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    panels = [k for k in ("quickstart", "100m") if k in results]
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        rows = results[key]
+        names = [r["variant"] for r in rows]
+        bottom = [0.0] * len(rows)
+        stages = [f"{s}_s" for s in STAGES] if key == "quickstart" else ["logprobs_s", "update_s"]
+        for stage in stages:
+            values = [r[stage] for r in rows]
+            ax.barh(names, values, left=bottom, label=stage[:-2])
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_xlabel("seconds per step (max over ranks)")
+        ax.set_title(f"{key}: step time by stage")
+        ax.invert_yaxis()
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", choices=("quickstart", "100m", "all"), default="all")
+    parser.add_argument("--steps", type=int, default=40, help="quickstart: RL steps per variant")
+    parser.add_argument("--trainer-steps", type=int, default=2, help="100m: timed trainer steps per variant")
+    parser.add_argument("--model", type=Path, default=None, help="100m: a Hugging Face folder instead of the "
+                        "random SmolLM2-shaped model")
+    parser.add_argument("--variants", nargs="*", default=None, help="only these variants (names as in the "
+                        "tables; 'today' and 'all off' are always run: ratios and drift are relative to them)")
+    parser.add_argument("--baseline", default=BASELINE, help="git revision whose code is 'today'")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_time")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--code", help=argparse.SUPPRESS)
+    parser.add_argument("--trainer", help=argparse.SUPPRESS)
+    parser.add_argument("--algo", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        trainer_worker(args)
+        return 0
+    results: dict = {"baseline": args.baseline, "settings": vars(args) | {"out": str(args.out), "model": str(args.model)}}
+    with tempfile.TemporaryDirectory(prefix="yatt-step-time-") as tmp:
+        work = Path(tmp)
+        codes = {"baseline": checkout(args.baseline, work), "current": REPO}
+        if args.workload in ("quickstart", "all"):
+            rows = []
+            for name, (code, trainer, algo) in chosen(QUICKSTART, args.variants).items():
+                print(f"quickstart / {name} ...", flush=True)
+                rows.append(run_quickstart(name, codes[code], trainer, algo, args.steps, work))
+                print(f"  step {rows[-1]['step_s']:.3f} s  (logprobs {rows[-1]['logprobs_s']:.3f}, update "
+                      f"{rows[-1]['update_s']:.3f}, generate {rows[-1]['generate_s']:.3f})", flush=True)
+            results["quickstart"] = rows
+        if args.workload in ("100m", "all"):
+            model = args.model or smollm2_shaped(REPO / "models/bench-smollm2-shape")
+            rows = []
+            for name, (code, trainer, algo) in chosen(TRAINER_100M, args.variants).items():
+                print(f"100m trainer / {name} ...", flush=True)
+                rows.append(run_trainer(name, codes[code], trainer, algo, model, args.trainer_steps, work))
+                print(f"  trainer {rows[-1]['trainer_s']:.2f} s/step, peak trainer memory "
+                      f"{rows[-1]['peak_trainer_gib']:.2f} GiB", flush=True)
+            reference = next(r["_probes"] for r in rows if r["variant"] == "all off")
+            for r in rows:
+                r["logprob_drift_max"] = max(float((p - q).abs().max()) for p, q in zip(r.pop("_probes"), reference))
+            results["100m"] = rows
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
+    md = [f"# Step time: today ({args.baseline}) vs the efficiency options\n"]
+    if "quickstart" in results:
+        md += [f"## quickstart (2 ranks, median of steps 4-{args.steps})\n", table(
+            results["quickstart"], [("step_s", "step s"), ("generate_s", "generate"), ("logprobs_s", "logprobs"),
+                                    ("update_s", "update"), ("sync_s", "sync"), ("balance_s", "balance"),
+                                    ("lp_diff_mean", "rollout-trainer |dlogp|")], ["step_s"]), ""]
+    if "100m" in results:
+        md += ["## 100M-class trainer (2 ranks, 32 samples, responses 64-128 tokens)\n", table(
+            results["100m"], [("logprobs_s", "logprobs s"), ("update_s", "update s"), ("trainer_s", "trainer s"),
+                              ("peak_trainer_gib", "peak trainer GiB"), ("logprob_drift_max", "max |dlogp| vs fp32")],
+            ["trainer_s", "peak_trainer_gib"]), ""]
+    Path(f"{args.out}.md").write_text("\n".join(md))
+    plot(results, Path(f"{args.out}.png"))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
