@@ -19,6 +19,7 @@ from yatt.registry import Registry
 
 ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
     "grpo": "yatt.algorithms.grpo:GRPO",
+    "rloo": "yatt.algorithms.rloo:RLOO",
 })
 POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
     "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",
