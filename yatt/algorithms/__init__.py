@@ -23,6 +23,7 @@ ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
 })
 POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
     "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",
+    "gspo": "yatt.algorithms.gspo:GSPO",
 })
 
 __all__ = [
