@@ -20,6 +20,8 @@ from yatt.registry import Registry
 ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
     "grpo": "yatt.algorithms.grpo:GRPO",
     "rloo": "yatt.algorithms.rloo:RLOO",
+    "reinforce_pp": "yatt.algorithms.reinforce_pp:REINFORCE_PP",
+    "reinforce_pp_baseline": "yatt.algorithms.reinforce_pp:REINFORCE_PP_BASELINE",
 })
 POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
     "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",

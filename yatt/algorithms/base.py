@@ -32,6 +32,9 @@ class AdvantageInput:
     mask: Tensor  # [N, T] response tokens
     group_size: int
     world: World | None = None  # for estimators that normalise over the global batch
+    # [N, T] kl_coef * per-token KL to the reference when algorithm.kl_mode = reward (else None); `rewards`
+    # already subtract its sum over each sequence, for estimators that shape token rewards with it instead
+    token_kl: Tensor | None = None
 
 
 @dataclass(frozen=True)
