@@ -115,20 +115,27 @@ class ControllerShard:
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
             with timer("advantages"):
                 rewards = torch.tensor([r.reward for r in trained], dtype=torch.float32)
+                token_kl = None
                 if ref_lp is not None and algo.kl_mode == "reward":
                     kl = kl_estimate(old_lp, ref_lp, algo.kl_estimator)
-                    rewards = kl_penalized_rewards(rewards, kl, batch.mask, algo.kl_coef)
+                    rewards = kl_penalized_rewards(rewards, kl, batch.mask, self.algorithm.kl_coef)
+                    token_kl = self.algorithm.kl_coef * kl * batch.mask
                 advantages = self.algorithm.advantages(
-                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world))
+                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world, token_kl))
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
+            is_metrics = self.algorithm.rollout_correction(batch, self.world)  # sets extras["is_weights"]
             if ref_lp is not None:
                 batch.extras["ref_logprobs"] = ref_lp
             with timer("update"):
                 update = self._update(batch, step)
-        with timer("sync"), self.placement.own("rollout"):
-            self.engines.push_weights(self.policy_weights())
+        if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
+            with timer("sync"), self.placement.own("rollout"):
+                self.engines.push_weights(self.policy_weights())
         self.samples_trained += len(trained)
         metrics = self._step_metrics(trained, batch, entropy, ref_lp, update, timer)
+        metrics.update(is_metrics)
+        metrics["actor/kl_coef"] = self.algorithm.kl_coef  # the coefficient this step used
+        self.algorithm.kl_control.update(metrics["actor/kl_ref"], metrics["rollout/samples"])
         metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
                                                restarted))
         self.last_step = step
@@ -212,7 +219,7 @@ class ControllerShard:
                     continue  # no rank has data for this mini-batch (all ranks agree)
                 loss_fn = self.algorithm.objective(tokens / self.world.size, seqs / self.world.size,
                                                    norm_length=self.cfg.rollout.max_new_tokens)
-                stats = self.trainer.train_mini_batch(mini, loss_fn)
+                stats = self.trainer.train_mini_batch(mini, loss_fn, with_entropy=self.algorithm.needs_entropy)
                 stats["optimizer_steps"] = 1.0
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
@@ -311,6 +318,7 @@ class ControllerShard:
         load_state_dict. The reference model is not saved: it is frozen at model.path."""
         return {"trainer": self.trainer.state_dict(), "train_stream": self.train_stream.state_dict(),
                 "rng": rng_state(), "progress": {"step": self.last_step, "samples_trained": self.samples_trained},
+                "kl_control": self.algorithm.kl_control.state_dict(),
                 **({"sampler": self.sampler.state_dict()} if self.sampler else {})}
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
@@ -319,6 +327,7 @@ class ControllerShard:
         self.train_stream.load_state_dict(state["train_stream"])
         self.last_step = state["progress"]["step"]
         self.samples_trained = state["progress"]["samples_trained"]
+        self.algorithm.kl_control.load_state_dict(state["kl_control"])
         if self.sampler:
             self.sampler.load_state_dict(state["sampler"])
         with self.placement.own("rollout"):
