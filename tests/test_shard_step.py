@@ -69,9 +69,10 @@ class FakeEngine:
 
 
 @pytest.fixture
-def shard(tmp_path):
+def shard(tmp_path, request):
     config = experiment(tmp_path, ONE_TOKEN_GRPO.replace("max_new_tokens: 1", "max_new_tokens: 2"))
-    cfg = load_experiment(config, ["data.shuffle=false"])  # step 1 takes rows 0..7: "0+0=" .. "0+7="
+    overrides = getattr(request, "param", [])  # indirect parametrization: other algorithms
+    cfg = load_experiment(config, ["data.shuffle=false", *overrides])  # step 1: rows 0..7, "0+0=" .. "0+7="
     tok = AutoTokenizer.from_pretrained(str(cfg.model.path))
     engines, servers = [], []
 
@@ -124,3 +125,60 @@ def test_the_step_follows_the_configured_algorithm(shard):
     assert shard.algorithm.stats == ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl")
     state = shard.state_dict()
     assert shard.replicated == ("trainer",) and set(state) >= {"trainer", "train_stream", "rng", "progress"}
+
+
+ALGORITHMS = {
+    "rloo": ["algorithm.advantage.kind=rloo"],
+    "reinforce_pp_kl_reward": ["algorithm.advantage.kind=reinforce_pp", "algorithm.kl_coef=0.05",
+                               "algorithm.kl_mode=reward", "algorithm.kl_estimator=k1"],
+    "reinforce_pp_baseline": ["algorithm.advantage.kind=reinforce_pp_baseline"],
+    "gspo_entropy_masked_is": ["algorithm.policy_loss.kind=gspo", "algorithm.loss_agg=seq-mean-token-mean",
+                               "algorithm.entropy_coef=0.01", "algorithm.rollout_is.mode=mask",
+                               "algorithm.rollout_is.level=sequence"],
+    "truncated_is_adaptive_kl": ["algorithm.rollout_is.mode=truncate", "algorithm.kl_coef=0.1",
+                                 "algorithm.kl_control.kind=adaptive", "algorithm.kl_control.target_kl=1e-6",
+                                 "algorithm.kl_control.horizon=64"],
+}
+
+
+@pytest.mark.parametrize("shard", list(ALGORITHMS.values()), ids=list(ALGORITHMS), indirect=True)
+def test_every_algorithm_trains_through_the_step(shard):
+    shard, _ = shard
+    before = {name: t.clone() for name, t in shard.trainer.named_weights()}
+    metrics = shard.step(1)
+    for name in shard.algorithm.stats:
+        assert torch.isfinite(torch.tensor(metrics[f"actor/{name}"])), name
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k.startswith("rollout_is/"))
+    assert metrics["actor/grad_norm"] > 0
+    after = dict(shard.trainer.named_weights())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # the fake engine's log-prob is -1 per token, the trainer's differs: the IS ratio is measured
+    assert metrics["rollout_is/mismatch_kl"] > 0 and metrics["rollout_is/ratio_max"] > 0
+    mode = shard.cfg.algorithm.rollout_is.mode
+    assert (metrics["rollout_is/weight_mean"] == 1.0) == (mode == "off")
+
+
+@pytest.mark.parametrize("shard", [ALGORITHMS["truncated_is_adaptive_kl"]], indirect=True)
+def test_adaptive_kl_coefficient_moves_and_is_checkpointed(shard):
+    shard, _ = shard
+    metrics = shard.step(1)
+    # step 1 measures KL 0 (policy = reference, before the update): error -1 clipped to -.2, 64 samples over
+    # a horizon of 64: x .8
+    assert metrics["actor/kl_coef"] == 0.1 and metrics["actor/kl_ref"] == 0.0
+    assert shard.algorithm.kl_coef == pytest.approx(0.08)
+    state = {k: dict(v) if k == "kl_control" else v for k, v in shard.state_dict().items()}
+    metrics = shard.step(2)  # now the policy moved: KL above the 1e-6 target, x 1.2
+    assert metrics["actor/kl_coef"] == pytest.approx(0.08) and metrics["actor/kl_ref"] > 1e-6
+    assert shard.algorithm.kl_coef == pytest.approx(0.096)
+    shard.load_state_dict(state)
+    assert shard.algorithm.kl_coef == pytest.approx(0.08)
+
+
+@pytest.mark.parametrize("shard", [["rollout.sync_every=2"]], indirect=True)
+def test_sync_every_keeps_the_engines_stale_between_syncs(shard):
+    shard, engines = shard
+    [engine] = engines
+    shard.step(1)
+    assert engine.updates == []  # step 1: the engine still holds the initial policy
+    shard.step(2)
+    assert engine.updates
