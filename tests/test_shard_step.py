@@ -182,3 +182,19 @@ def test_sync_every_keeps_the_engines_stale_between_syncs(shard):
     assert engine.updates == []  # step 1: the engine still holds the initial policy
     shard.step(2)
     assert engine.updates
+
+
+@pytest.mark.parametrize("shard", [["algorithm.advantage.kind=remax"]], indirect=True)
+def test_remax_baseline_is_the_greedy_reward_of_each_prompt(shard, monkeypatch):
+    shard, _ = shard
+    seen = []
+    advantages = shard.algorithm.advantages
+    monkeypatch.setattr(shard.algorithm, "advantages", lambda inp: seen.append(inp) or advantages(inp))
+    metrics = shard.step(1)
+    # the fake's greedy answer is "0": right for prompt "0+0=" only, so prompt 0's baseline is 1, the others' 0
+    (inp,) = seen
+    torch.testing.assert_close(inp.baselines, torch.tensor([1.0] * 8 + [0.0] * 56))
+    # sample j answers j: prompt b's right sample is j = b; advantages = reward - baseline
+    expected = torch.tensor([float(j == b) for b in range(8) for j in range(8)]) - inp.baselines
+    torch.testing.assert_close(advantages(inp), expected)
+    assert metrics["actor/grad_norm"] > 0

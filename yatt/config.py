@@ -281,6 +281,9 @@ class ExperimentConfig(Section):
             if self.balance.keep_groups is False:
                 raise ValueError(f"balance.keep_groups=false would split groups across ranks, but {advantage} "
                                  "advantages need whole groups on one rank")
+        if ADVANTAGES.get(advantage).needs_greedy_baseline and self.reward.kind != "rule":
+            raise ValueError(f"{advantage} scores its greedy baseline responses with the rule verifier; it needs "
+                             f"reward.kind=rule, not {self.reward.kind}")
         if self.data.prompts_per_step % self.algorithm.mini_batches:
             raise ValueError(f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
                              f"algorithm.mini_batches={self.algorithm.mini_batches}")

@@ -20,6 +20,7 @@ from yatt.registry import Registry
 ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
     "grpo": "yatt.algorithms.grpo:GRPO",
     "rloo": "yatt.algorithms.rloo:RLOO",
+    "remax": "yatt.algorithms.remax:REMAX",
     "reinforce_pp": "yatt.algorithms.reinforce_pp:REINFORCE_PP",
     "reinforce_pp_baseline": "yatt.algorithms.reinforce_pp:REINFORCE_PP_BASELINE",
 })

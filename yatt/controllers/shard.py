@@ -120,8 +120,9 @@ class ControllerShard:
                     kl = kl_estimate(old_lp, ref_lp, algo.kl_estimator)
                     rewards = kl_penalized_rewards(rewards, kl, batch.mask, self.algorithm.kl_coef)
                     token_kl = self.algorithm.kl_coef * kl * batch.mask
+                baselines = torch.tensor([r.baseline for r in trained], dtype=torch.float32)
                 advantages = self.algorithm.advantages(
-                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world, token_kl))
+                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world, token_kl, baselines))
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
             is_metrics = self.algorithm.rollout_correction(batch, self.world)  # sets extras["is_weights"]
             if ref_lp is not None:
@@ -180,10 +181,24 @@ class ControllerShard:
         with timer("generate"):
             rollouts, stats = self._generate(step, rows, round_)
             self._rounds.append(stats)
+            if self.algorithm.estimator.needs_greedy_baseline:
+                self._greedy_baselines(rows, rollouts)
         with timer("reward"):
             assign_rewards(rollouts, self.cfg.reward.kind, {j.name: j.weight for j in self.cfg.reward.judges},
                            self.cfg.reward.rule_weight)
         return rollouts
+
+    def _greedy_baselines(self, rows, rollouts: list[Rollout]) -> None:
+        """ReMax: one greedy response per prompt, generated right after its group and scored by the rule
+        verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""
+        prompt_ids = encode_prompts(rows, self.tokenizer, self.cfg.data.max_prompt_tokens)
+        with self.placement.own("rollout"):
+            greedy = generate_rollouts(self.engines.rollout, rows, prompt_ids, self.greedy, self.tokenizer, None)
+        score_rollouts(greedy)
+        group = self.cfg.rollout.group_size
+        for i, g in enumerate(greedy):
+            for r in rollouts[i * group : (i + 1) * group]:
+                r.baseline = g.reward
 
     def _rebalance(self, rollouts: list[Rollout]):
         """Move whole groups between ranks so each trains about the same work (yatt.balance)."""
