@@ -55,7 +55,7 @@ def test_masked_is():
 
 
 def test_metrics_and_off_mode():
-    w, m = weights()  # off: no weights, but the mismatch is measured
+    w, m = weights()  # none: no weights, but the mismatch is measured
     assert w is None
     close(T(m["rollout_is/ratio_mean"]), (E + 1 + 3 / E) / 5)
     close(T(m["rollout_is/mismatch_kl"]), ((E - 2) + 3 / E) / 5)  # r-1-log r: e-2, 0, and 1/e three times
@@ -74,3 +74,11 @@ def test_all_masked_and_extreme_log_ratios():
     w, _ = rollout_correction(T([[100.0, -100.0]]), T([[0.0, 0.0]]), T([[1.0, 1.0]]),
                               RolloutISConfig(mode="mask", level="sequence"))
     close(w, [[1.0, 1.0]])  # the sequence's log-ratio sums to 0: kept
+
+
+def test_modes_survive_yaml():
+    # YAML 1.1 reads a bare `off` as false: the no-correction mode is called `none` so a config can name it
+    import yaml
+
+    for mode in ("none", "truncate", "mask"):
+        assert RolloutISConfig(**yaml.safe_load(f"mode: {mode}")).mode == mode

@@ -155,7 +155,7 @@ def test_every_algorithm_trains_through_the_step(shard):
     # the fake engine's log-prob is -1 per token, the trainer's differs: the IS ratio is measured
     assert metrics["rollout_is/mismatch_kl"] > 0 and metrics["rollout_is/ratio_max"] > 0
     mode = shard.cfg.algorithm.rollout_is.mode
-    assert (metrics["rollout_is/weight_mean"] == 1.0) == (mode == "off")
+    assert (metrics["rollout_is/weight_mean"] == 1.0) == (mode == "none")
 
 
 @pytest.mark.parametrize("shard", [ALGORITHMS["truncated_is_adaptive_kl"]], indirect=True)

@@ -55,7 +55,7 @@ class Algorithm:
 
     def rollout_correction(self, batch: TokenBatch, world: World | None) -> dict[str, float]:
         """Put the rollout importance-sampling weights into batch.extras["is_weights"] (unless
-        algorithm.rollout_is.mode is off); returns the rollout_is/* metrics (over all ranks)."""
+        algorithm.rollout_is.mode is none); returns the rollout_is/* metrics (over all ranks)."""
         weights, metrics = rollout_correction(batch.extras["old_logprobs"], batch.extras["rollout_logprobs"],
                                               batch.mask, self.cfg.rollout_is, world)
         if weights is not None:

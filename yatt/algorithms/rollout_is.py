@@ -31,8 +31,8 @@ LOG_RATIO_CLAMP = 20.0
 
 class RolloutISConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    mode: Literal["off", "truncate", "mask"] = Field(
-        "off", description="off: no correction (the ratio is still measured and logged as rollout_is/*). "
+    mode: Literal["none", "truncate", "mask"] = Field(
+        "none", description="none: no correction (the ratio is still measured and logged as rollout_is/*). "
         "truncate: weight each token's policy loss by min(ratio, threshold). mask: drop tokens (or sequences) "
         "whose ratio is above threshold or below lower_threshold.")
     level: Literal["token", "sequence", "geometric"] = Field(
@@ -79,7 +79,7 @@ def is_weights(ratio: Tensor, mask: Tensor, cfg: RolloutISConfig) -> tuple[Tenso
 
 def rollout_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cfg: RolloutISConfig,
                        world: World | None = None) -> tuple[Tensor | None, dict[str, float]]:
-    """This rank's weights for the policy loss (None when mode is off) and metrics over all ranks.
+    """This rank's weights for the policy loss (None when mode is none) and metrics over all ranks.
 
     Metrics (token-weighted, every rank must call this): rollout_is/ratio_mean, ratio_max, ratio_min (the
     ratio at the configured level), rollout_is/mismatch_kl (mean k3 estimate of KL(rollout || trainer) per
@@ -100,4 +100,4 @@ def rollout_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Ten
     metrics = {"rollout_is/ratio_mean": sums[1] / tokens, "rollout_is/mismatch_kl": sums[2] / tokens,
                "rollout_is/changed_frac": sums[3] / tokens, "rollout_is/weight_mean": sums[4] / tokens,
                "rollout_is/ratio_max": extremes[0], "rollout_is/ratio_min": -extremes[1] if sums[0] else 0.0}
-    return (weights if cfg.mode != "off" else None), metrics
+    return (weights if cfg.mode != "none" else None), metrics
