@@ -1,5 +1,7 @@
 """The Algorithm objective: IS weights, entropy bonus and the controlled KL coefficient, by hand."""
 
+import math
+
 import pytest
 import torch
 
@@ -14,7 +16,9 @@ ENTROPY = T([[1.0, 2.0], [3.0, 9.0]])
 
 def micro_batch(rows=slice(None)) -> TokenBatch:
     extras = {"old_logprobs": torch.zeros(2, 2), "advantages": T([1.0, -2.0]),
-              "is_weights": T([[2.0, 0.5], [1.0, 0.0]]), "ref_logprobs": T([[0.0, -1.0], [1.0, 0.0]])}
+              # engine log-probs: ratios exp(old - rollout) = [e, .5], [1, (masked)]
+              "rollout_logprobs": T([[-1.0, math.log(2.0)], [0.0, 0.0]]),
+              "ref_logprobs": T([[0.0, -1.0], [1.0, 0.0]])}
     mb = TokenBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), MASK, extras)
     return mb.select(torch.arange(2)[rows])
 
@@ -23,7 +27,8 @@ def test_is_weights_and_entropy_bonus():
     algo = Algorithm(AlgorithmConfig(entropy_coef=0.1, rollout_is={"mode": "truncate"}))
     assert algo.needs_entropy and "entropy_bonus" in algo.stats
     loss_fn = algo.objective(num_tokens=3.0, num_seqs=2.0, norm_length=2)
-    # ratio 1: ppo loss -A -> [-1,-1],[2,.]; x IS weights [2,.5],[1,.] -> [-2,-.5],[2]; -.1 x entropy [1,2],[3]
+    # ratio 1: ppo loss -A -> [-1,-1],[2,.]; x IS weights min([e,.5],[1], 2) = [2,.5],[1]
+    # -> [-2,-.5],[2]; -.1 x entropy [1,2],[3]
     # -> [-2.1,-.7],[1.7]: token-mean over 3 tokens = -1.1/3
     loss, sums = loss_fn(torch.zeros(2, 2), ENTROPY, micro_batch())
     assert loss.item() == pytest.approx(-1.1 / 3)
@@ -38,9 +43,7 @@ def test_is_weights_and_entropy_bonus():
 def test_entropy_gradient_and_no_bonus_by_default():
     algo = Algorithm(AlgorithmConfig(entropy_coef=0.5))
     ent = ENTROPY.clone().requires_grad_(True)
-    mb = micro_batch()
-    del mb.extras["is_weights"]
-    loss, _ = algo.objective(3.0, 2.0, 2)(torch.zeros(2, 2), ent, mb)
+    loss, _ = algo.objective(3.0, 2.0, 2)(torch.zeros(2, 2), ent, micro_batch())  # no IS correction
     loss.backward()
     torch.testing.assert_close(ent.grad, T([[-0.5 / 3, -0.5 / 3], [-0.5 / 3, 0.0]]))  # maximise entropy
     plain = Algorithm(AlgorithmConfig())
@@ -51,7 +54,6 @@ def test_kl_loss_uses_the_controlled_coefficient():
     algo = Algorithm(AlgorithmConfig(kl_coef=0.1, kl_control={"kind": "adaptive", "target_kl": 0.01,
                                                                "horizon": 100}))
     mb = micro_batch()
-    del mb.extras["is_weights"]
     logp = torch.zeros(2, 2)
     # k3 of log-ratios [0, 1],[-1]: 0, e^-1 - 1 + 1 = .367879, e - 2 = .718282; ppo part -1 -1 +2 = 0
     loss, sums = algo.objective(3.0, 2.0, 2)(logp, None, mb)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from yatt.algorithms.rollout_is import RolloutISConfig, is_ratios, rollout_correction
+from yatt.algorithms.rollout_is import RolloutISConfig, correction_weights, is_ratios, mismatch_metrics
 
 T = torch.tensor
 E = math.e
@@ -18,6 +18,10 @@ MASK = T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 
 def close(a, b, atol=1e-5):
     torch.testing.assert_close(a, b if torch.is_tensor(b) else T(b, dtype=a.dtype), atol=atol, rtol=0)
+
+
+def rollout_correction(old, roll, mask, cfg):
+    return correction_weights(old, roll, mask, cfg), mismatch_metrics(old, roll, mask, cfg)
 
 
 def weights(**kw):

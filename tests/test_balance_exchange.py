@@ -97,13 +97,13 @@ def _uneven_batch(rows: range):
     return batch
 
 
-def _train_step(world: World, model_path: str, rows: range, micro: int) -> dict:
+def _train_step(world: World, model_path: str, rows: range, micro: int, **settings) -> dict:
     """One optimizer step on `rows` of a fixed batch, as the shard does it (global denominators)."""
     from yatt.config import AlgorithmConfig, TrainerConfig
     from yatt.algorithms.objective import Algorithm
     from yatt.trainers.torch_trainer import TorchTrainer
     torch.manual_seed(0)
-    trainer = TorchTrainer(model_path, TrainerConfig(lr=1e-2, micro_batch_size=micro), world)
+    trainer = TorchTrainer(model_path, TrainerConfig(lr=1e-2, micro_batch_size=micro, **settings), world)
     batch = _uneven_batch(rows)
     batch.extras["old_logprobs"] = trainer.logprobs(batch)[0]
     tokens, seqs = world.sum([float(batch.mask.sum()), float(len(batch))])
@@ -113,8 +113,10 @@ def _train_step(world: World, model_path: str, rows: range, micro: int) -> dict:
 
 
 def _train_uneven(world: World, model_path: str) -> dict:
-    # rank 0 trains 7 rows in 4 micro-batches, rank 1 one row in 1: DDP must stay in step
-    return _train_step(world, model_path, range(7) if world.rank == 0 else range(7, 8), micro=2)
+    # rank 0 trains 7 rows in 4 micro-batches, rank 1 one row in 1: DDP must stay in step; packed rows and
+    # the output head in chunks of 3 tokens (recomputed in backward) under DDP
+    return _train_step(world, model_path, range(7) if world.rank == 0 else range(7, 8), micro=2,
+                       pack_sequences=True, logprob_chunk_tokens=3)
 
 
 @pytest.fixture(scope="module")
@@ -152,11 +154,13 @@ def test_round_trip_keeps_every_sample_once_and_unchanged(two_ranks, name, unit,
 
 
 def test_uneven_ranks_train_in_lockstep_like_one_process(two_ranks):
-    """7 + 1 rows on two ranks (4 vs 1 micro-batches, padded) give the step of all 8 rows on one rank."""
+    """7 + 1 rows on two ranks (4 vs 1 micro-batches, packed, chunked head) give the step of all 8 rows on one
+    rank computed the plain way (padded, full logits)."""
     results, model = two_ranks
-    single = _train_step(World(0, 1, 0, torch.device("cpu")), str(model), range(8), micro=8)
+    single = _train_step(World(0, 1, 0, torch.device("cpu")), str(model), range(8), micro=8,
+                         pack_sequences=False, logprob_chunk_tokens=0)
     a, b = results[0]["lockstep"], results[1]["lockstep"]
-    assert a["grad_norm"] == pytest.approx(single["grad_norm"], rel=1e-4)
+    assert a["grad_norm"] == pytest.approx(single["grad_norm"], abs=1e-5)
     for name, w in single["weights"].items():
         torch.testing.assert_close(torch.tensor(a["weights"][name]), torch.tensor(b["weights"][name]))
         torch.testing.assert_close(torch.tensor(a["weights"][name]), torch.tensor(w), rtol=1e-3, atol=1e-4)

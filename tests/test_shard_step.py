@@ -4,6 +4,7 @@ engine service over a real socket (in a thread), built through the same factory 
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -68,10 +69,9 @@ class FakeEngine:
         pass
 
 
-@pytest.fixture
-def shard(tmp_path, request):
+@contextmanager
+def fake_shard(tmp_path, *overrides: str):
     config = experiment(tmp_path, ONE_TOKEN_GRPO.replace("max_new_tokens: 1", "max_new_tokens: 2"))
-    overrides = getattr(request, "param", [])  # indirect parametrization: other algorithms
     cfg = load_experiment(config, ["data.shuffle=false", *overrides])  # step 1: rows 0..7, "0+0=" .. "0+7="
     tok = AutoTokenizer.from_pretrained(str(cfg.model.path))
     engines, servers = [], []
@@ -85,12 +85,20 @@ def shard(tmp_path, request):
         return connect_engine(server.endpoint, secret, engine_cfg)
 
     shard = ControllerShard(cfg, WORLD, build_components(cfg, WORLD, tmp_path / "run", spawn=spawn))
-    yield shard, engines
-    shard.close()
-    for server, thread in servers:
-        server.stop()
-        thread.join()
-        server.close()
+    try:
+        yield shard, engines
+    finally:
+        shard.close()
+        for server, thread in servers:
+            server.stop()
+            thread.join()
+            server.close()
+
+
+@pytest.fixture
+def shard(tmp_path, request):
+    with fake_shard(tmp_path, *getattr(request, "param", [])) as made:  # indirect parametrization: overrides
+        yield made
 
 
 def test_step_trains_on_the_engine_samples_and_syncs_the_weights(shard):
@@ -127,6 +135,28 @@ def test_the_step_follows_the_configured_algorithm(shard):
     assert shard.replicated == ("trainer",) and set(state) >= {"trainer", "train_stream", "rng", "progress"}
 
 
+def test_reusing_the_on_policy_forward_changes_nothing_but_the_work(tmp_path):
+    """old_logprobs=reuse (the first of 2 mini-batches takes its old log-probs from its own forward) gives
+    the step of recompute (a pass over every sample first): same loss, ratios, metrics and weights."""
+    results = {}
+    for mode in ("recompute", "reuse", "rollout"):
+        torch.manual_seed(0)
+        with fake_shard(tmp_path / mode, f"algorithm.old_logprobs={mode}") as (shard, _):
+            results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
+    (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
+    for key in ("actor/policy_loss", "actor/ratio_mean", "actor/clip_frac", "actor/grad_norm", "actor/entropy",
+                "rollout/trainer_logprob_diff_mean", "rollout/trainer_logprob_diff_max"):
+        assert got[key] == pytest.approx(want[key], abs=1e-5), key
+    assert want["actor/entropy"] > 0
+    for name, w in want_w.items():
+        torch.testing.assert_close(got_w[name], w, rtol=0, atol=1e-5)
+    # rollout: the fake engine's log-probs (-1 per token) are the old policy: ratios far from 1; entropies
+    # come from the first epoch's forwards (the second mini-batch's after one optimizer step)
+    rollout = results["rollout"][0]
+    assert rollout["actor/ratio_mean"] != pytest.approx(1.0, abs=1e-3)
+    assert rollout["actor/entropy"] == pytest.approx(want["actor/entropy"], rel=0.05)
+
+
 ALGORITHMS = {
     "rloo": ["algorithm.advantage.kind=rloo"],
     "reinforce_pp_kl_reward": ["algorithm.advantage.kind=reinforce_pp", "algorithm.kl_coef=0.05",
@@ -135,9 +165,9 @@ ALGORITHMS = {
     "gspo_entropy_masked_is": ["algorithm.policy_loss.kind=gspo", "algorithm.loss_agg=seq-mean-token-mean",
                                "algorithm.entropy_coef=0.01", "algorithm.rollout_is.mode=mask",
                                "algorithm.rollout_is.level=sequence"],
-    "truncated_is_adaptive_kl": ["algorithm.rollout_is.mode=truncate", "algorithm.kl_coef=0.1",
-                                 "algorithm.kl_control.kind=adaptive", "algorithm.kl_control.target_kl=1e-6",
-                                 "algorithm.kl_control.horizon=64"],
+    "recompute_truncated_is_adaptive_kl": ["algorithm.old_logprobs=recompute", "algorithm.rollout_is.mode=truncate",
+                                           "algorithm.kl_coef=0.1", "algorithm.kl_control.kind=adaptive",
+                                           "algorithm.kl_control.target_kl=1e-6", "algorithm.kl_control.horizon=64"],
 }
 
 
@@ -158,7 +188,7 @@ def test_every_algorithm_trains_through_the_step(shard):
     assert (metrics["rollout_is/weight_mean"] == 1.0) == (mode == "none")
 
 
-@pytest.mark.parametrize("shard", [ALGORITHMS["truncated_is_adaptive_kl"]], indirect=True)
+@pytest.mark.parametrize("shard", [ALGORITHMS["recompute_truncated_is_adaptive_kl"]], indirect=True)
 def test_adaptive_kl_coefficient_moves_and_is_checkpointed(shard):
     shard, _ = shard
     metrics = shard.step(1)
@@ -198,3 +228,22 @@ def test_remax_baseline_is_the_greedy_reward_of_each_prompt(shard, monkeypatch):
     expected = torch.tensor([float(j == b) for b in range(8) for j in range(8)]) - inp.baselines
     torch.testing.assert_close(advantages(inp), expected)
     assert metrics["actor/grad_norm"] > 0
+
+
+def test_rollout_is_weights_are_the_same_with_reused_old_logprobs(tmp_path):
+    """Masked IS weights come from each micro-batch's old log-probs inside the loss, so old_logprobs=reuse
+    (the first mini-batch's from its own forward) trains exactly like recompute."""
+    results = {}
+    for mode in ("recompute", "reuse"):
+        torch.manual_seed(0)
+        with fake_shard(tmp_path / mode, f"algorithm.old_logprobs={mode}", "algorithm.rollout_is.mode=mask",
+                        "algorithm.rollout_is.lower_threshold=0.25") as (shard, _):
+            results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
+    (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
+    # the fake's -1 per token against the trainer's own log-probs: some tokens dropped, not all
+    assert 0 < want["rollout_is/changed_frac"] < 1
+    for key in ("actor/policy_loss", "actor/grad_norm", "rollout_is/ratio_mean", "rollout_is/ratio_max",
+                "rollout_is/changed_frac", "rollout_is/weight_mean", "rollout_is/mismatch_kl"):
+        assert got[key] == pytest.approx(want[key], abs=1e-5), key
+    for name, w in want_w.items():
+        torch.testing.assert_close(got_w[name], w, rtol=0, atol=1e-5)

@@ -156,6 +156,11 @@ class AlgorithmConfig(Section):
                                         "correction of the rollout engine / trainer mismatch.")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
+    old_logprobs: Literal["recompute", "reuse", "rollout"] = Field(
+        "reuse", description="Where the old policy's log-probs come from. recompute: a trainer pass over every "
+        "sample before the update. reuse: the first mini-batch is exactly on-policy, so its own forward gives "
+        "them (same values, one pass fewer over its samples); the pass covers the other mini-batches. rollout: "
+        "the engine's log-probs (no pass; off-policy by the engine/trainer mismatch).")
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
     @model_validator(mode="before")
@@ -191,6 +196,15 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
     micro_batch_tokens: int = Field(0, ge=0, description="If > 0, pack micro-batches by padded tokens "
                                     "(sequences x longest length) up to this budget instead of micro_batch_size.")
+    pack_sequences: bool = Field(True, description="Lay a micro-batch's sequences end to end (no pad tokens in the "
+                                 "linear layers; attention kept per sequence). False: right-padded rows.")
+    logprob_chunk_tokens: int = Field(1024, ge=0, description="Run the output head over this many scored tokens at "
+                                      "a time (recomputed in backward), so full-vocabulary logits never exist; "
+                                      "0: all at once.")
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward instead of "
+                                           "keeping its activations: less memory, ~1/3 more compute.")
+    autocast: Literal["none", "bfloat16"] = Field("none", description="Run forward/backward under bfloat16 autocast "
+                                                  "(weights stay trainer.dtype); fast on GPUs, slow on most CPUs.")
 
     @field_validator("backend")
     @classmethod

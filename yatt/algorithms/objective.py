@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from yatt.algorithms import ADVANTAGES, POLICY_LOSSES
@@ -17,13 +18,25 @@ from yatt.algorithms.aggregation import aggregate_loss, masked_sum
 from yatt.algorithms.base import AdvantageInput
 from yatt.algorithms.kl import kl_estimate
 from yatt.algorithms.kl_control import KLController
-from yatt.algorithms.rollout_is import rollout_correction
+from yatt.algorithms.rollout_is import correction_weights, mismatch_metrics
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
 
 if TYPE_CHECKING:
     from yatt.config import AlgorithmConfig
     from yatt.distributed import World
+
+
+def old_logprobs(logp: Tensor, mb: TokenBatch) -> Tensor:
+    """The old policy's log-probs. Rows flagged `on_policy` are trained before any optimizer step of this
+    RL step, so the trainer's weights are still the old policy: their own detached log-probs are the old
+    ones, and no pass computed them beforehand (algorithm.old_logprobs = reuse)."""
+    old = mb.extras.get("old_logprobs")
+    on_policy = mb.extras.get("on_policy")
+    if on_policy is None:
+        return old
+    fresh = logp.detach()
+    return fresh if old is None else torch.where(on_policy.bool()[:, None], fresh, old)
 
 
 class Algorithm:
@@ -53,14 +66,10 @@ class Algorithm:
     def advantages(self, inp: AdvantageInput) -> Tensor:
         return self.estimator.compute(inp, self.cfg.advantage)
 
-    def rollout_correction(self, batch: TokenBatch, world: World | None) -> dict[str, float]:
-        """Put the rollout importance-sampling weights into batch.extras["is_weights"] (unless
-        algorithm.rollout_is.mode is none); returns the rollout_is/* metrics (over all ranks)."""
-        weights, metrics = rollout_correction(batch.extras["old_logprobs"], batch.extras["rollout_logprobs"],
-                                              batch.mask, self.cfg.rollout_is, world)
-        if weights is not None:
-            batch.extras["is_weights"] = weights
-        return metrics
+    def mismatch_metrics(self, batch: TokenBatch, world: World | None) -> dict[str, float]:
+        """rollout_is/* metrics of the step's batch (its old log-probs complete), over all ranks."""
+        return mismatch_metrics(batch.extras["old_logprobs"], batch.extras["rollout_logprobs"], batch.mask,
+                                self.cfg.rollout_is, world)
 
     def objective(self, num_tokens: float, num_seqs: float, norm_length: int) -> LossFn:
         """A loss function for `Trainer.train_mini_batch` (`yatt.trainers.base.LossFn`).
@@ -69,16 +78,18 @@ class Algorithm:
         micro-batch losses and letting data parallelism average over ranks then gives exactly the loss of
         the whole global mini-batch, whatever the micro-batch and rank split. Stats come back as sums over
         the micro-batch's response tokens, so callers add them up and divide by the global token count.
-        Per token: policy loss x IS weight (if any) + kl_coef x KL (kl_mode=loss) - entropy_coef x entropy.
-        Masked IS drops tokens through a zero weight, so they stay in the denominators.
+        Per token: policy loss x IS weight (algorithm.rollout_is, from the micro-batch rows' old and engine
+        log-probs) + kl_coef x KL (kl_mode=loss) - entropy_coef x entropy. Masked IS drops tokens through a
+        zero weight, so they stay in the denominators.
         """
         cfg, kl_coef = self.cfg, self.kl_coef
 
         def loss_fn(logp: Tensor, entropy: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
-            token_loss, stats = self.loss.compute(logp, mb.extras["old_logprobs"], mb.extras["advantages"],
-                                                  mb.mask, cfg.policy_loss)
-            if "is_weights" in mb.extras:
-                token_loss = token_loss * mb.extras["is_weights"]
+            old = old_logprobs(logp, mb)
+            token_loss, stats = self.loss.compute(logp, old, mb.extras["advantages"], mb.mask, cfg.policy_loss)
+            weights = correction_weights(old, mb.extras["rollout_logprobs"], mb.mask, cfg.rollout_is)
+            if weights is not None:
+                token_loss = token_loss * weights
             tokens = float(mb.mask.sum())
             sums = {"tokens": tokens, "policy_loss": float(masked_sum(token_loss.detach(), mb.mask))}
             sums.update({k: float(stats[k]) * tokens for k in self.loss.stats})

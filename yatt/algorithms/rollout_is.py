@@ -77,14 +77,21 @@ def is_weights(ratio: Tensor, mask: Tensor, cfg: RolloutISConfig) -> tuple[Tenso
     return torch.where(valid, weights, 0.0), changed
 
 
-def rollout_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cfg: RolloutISConfig,
-                       world: World | None = None) -> tuple[Tensor | None, dict[str, float]]:
-    """This rank's weights for the policy loss (None when mode is none) and metrics over all ranks.
+def correction_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor,
+                       cfg: RolloutISConfig) -> Tensor | None:
+    """[B, T] weights of the policy loss (0 where masked), or None when mode is none. Every level's ratio
+    depends on its own row only, so a micro-batch of whole rows gets exactly its rows' weights."""
+    if cfg.mode == "none":
+        return None
+    return is_weights(is_ratios(old_logprobs, rollout_logprobs, mask, cfg.level), mask, cfg)[0]
 
-    Metrics (token-weighted, every rank must call this): rollout_is/ratio_mean, ratio_max, ratio_min (the
-    ratio at the configured level), rollout_is/mismatch_kl (mean k3 estimate of KL(rollout || trainer) per
-    token), rollout_is/changed_frac (tokens truncated or dropped) and rollout_is/weight_mean.
-    """
+
+def mismatch_metrics(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cfg: RolloutISConfig,
+                     world: World | None = None) -> dict[str, float]:
+    """Metrics over all ranks (token-weighted; every rank must call this): rollout_is/ratio_mean, ratio_max,
+    ratio_min (the ratio at the configured level), rollout_is/mismatch_kl (mean k3 estimate of
+    KL(rollout || trainer) per token), rollout_is/changed_frac (tokens truncated or dropped) and
+    rollout_is/weight_mean. Measured with mode none too."""
     valid = mask.bool()
     ratio = is_ratios(old_logprobs, rollout_logprobs, mask, cfg.level)
     weights, changed = is_weights(ratio, mask, cfg)
@@ -97,7 +104,6 @@ def rollout_correction(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Ten
     if world is not None:
         sums, extremes = world.sum(sums), world.max(extremes)
     tokens = max(sums[0], 1.0)
-    metrics = {"rollout_is/ratio_mean": sums[1] / tokens, "rollout_is/mismatch_kl": sums[2] / tokens,
-               "rollout_is/changed_frac": sums[3] / tokens, "rollout_is/weight_mean": sums[4] / tokens,
-               "rollout_is/ratio_max": extremes[0], "rollout_is/ratio_min": -extremes[1] if sums[0] else 0.0}
-    return (weights if cfg.mode != "none" else None), metrics
+    return {"rollout_is/ratio_mean": sums[1] / tokens, "rollout_is/mismatch_kl": sums[2] / tokens,
+            "rollout_is/changed_frac": sums[3] / tokens, "rollout_is/weight_mean": sums[4] / tokens,
+            "rollout_is/ratio_max": extremes[0], "rollout_is/ratio_min": -extremes[1] if sums[0] else 0.0}

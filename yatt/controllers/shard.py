@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
+from torch import Tensor
 
 from yatt.algorithms import kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.algorithms.base import AdvantageInput
@@ -36,7 +37,21 @@ from yatt.placement.metrics import device_metrics, judge_metrics, maxed, pool_me
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
 from yatt.placement.services import ROLLOUT, genrm_role
+from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
+
+
+def _recording(loss_fn: LossFn, old_logprobs: Tensor, entropy: Tensor) -> LossFn:
+    """loss_fn, also writing the on_policy rows' log-probs and every row's entropy into the step's tensors."""
+
+    def fn(logp: Tensor, ent: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
+        rows, width = mb.extras["row"], logp.shape[1]
+        fresh = mb.extras["on_policy"].bool()
+        old_logprobs[rows[fresh], :width] = logp.detach()[fresh].cpu()
+        entropy[rows, :width] = ent.detach().cpu()
+        return loss_fn(logp, ent, mb)
+
+    return fn
 
 
 STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
@@ -110,8 +125,9 @@ class ControllerShard:
             trained, plan = self._rebalance(rollouts)  # what this rank trains: its own and moved rollouts
         with self.placement.own("train"):
             batch = self._token_batch(trained)
+            minis = self._mini_batches(len(batch), step)
             with timer("logprobs"):
-                old_lp, entropy = self.trainer.logprobs(batch, with_entropy=True)
+                old_lp, entropy = self._old_logprobs(batch, minis[0])
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
             with timer("advantages"):
                 rewards = torch.tensor([r.reward for r in trained], dtype=torch.float32)
@@ -124,17 +140,17 @@ class ControllerShard:
                 advantages = self.algorithm.advantages(
                     AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world, token_kl, baselines))
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
-            is_metrics = self.algorithm.rollout_correction(batch, self.world)  # sets extras["is_weights"]
             if ref_lp is not None:
                 batch.extras["ref_logprobs"] = ref_lp
             with timer("update"):
-                update = self._update(batch, step)
+                update = self._update(batch, minis, entropy)
         if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
             with timer("sync"), self.placement.own("rollout"):
                 self.engines.push_weights(self.policy_weights())
         self.samples_trained += len(trained)
         metrics = self._step_metrics(trained, batch, entropy, ref_lp, update, timer)
-        metrics.update(is_metrics)
+        # after the update: with old_logprobs=reuse its first forwards filled in the on-policy rows' log-probs
+        metrics.update(self.algorithm.mismatch_metrics(batch, self.world))
         metrics["actor/kl_coef"] = self.algorithm.kl_coef  # the coefficient this step used
         self.algorithm.kl_control.update(metrics["actor/kl_ref"], metrics["rollout/samples"])
         metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
@@ -216,25 +232,65 @@ class ControllerShard:
         batch.temperature = self.cfg.rollout.temperature
         return batch
 
-    def _update(self, batch: TokenBatch, step: int) -> dict[str, float]:
-        """ppo_epochs passes, each split into mini_batches optimizer steps; groups stay together."""
-        algo, group = self.cfg.algorithm, self.cfg.rollout.group_size
+    def _mini_batches(self, count: int, step: int) -> list[list[Tensor]]:
+        """Rows of each optimizer step, per epoch: ppo_epochs x mini_batches chunks of whole groups, in a
+        seeded order; exactly mini_batches chunks (some maybe empty) on every rank, as ranks hold
+        different group counts."""
+        group = self.cfg.rollout.group_size
         generator = torch.Generator().manual_seed(self.cfg.run.seed * 7919 + step * 31 + self.world.rank)
-        num_groups = len(batch) // group
+        epochs = []
+        for _ in range(self.cfg.algorithm.ppo_epochs):
+            order = torch.randperm(count // group, generator=generator)
+            epochs.append([(chunk[:, None] * group + torch.arange(group)).flatten()
+                           for chunk in torch.tensor_split(order, self.cfg.algorithm.mini_batches)])
+        return epochs
+
+    def _old_logprobs(self, batch: TokenBatch, first_epoch: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """The old policy's log-probs and entropies before the update (algorithm.old_logprobs).
+
+        reuse: the first mini-batch's rows are flagged on_policy and skipped here; the update's first
+        forward fills their log-probs and entropies in (a KL reward needs them before, so it recomputes).
+        rollout: the engine's log-probs; entropies come from the first epoch's forwards.
+        """
+        mode, algo = self.cfg.algorithm.old_logprobs, self.cfg.algorithm
+        if mode == "reuse" and self.ref is not None and algo.kl_mode == "reward" and algo.kl_coef > 0:
+            mode = "recompute"
+        on_policy = torch.zeros(len(batch))
+        batch.extras["on_policy"] = on_policy
+        if mode == "rollout":
+            return batch.extras["rollout_logprobs"].clone(), torch.zeros_like(batch.mask)
+        if mode == "reuse":
+            on_policy[first_epoch[0]] = 1.0
+        rest = (on_policy == 0).nonzero().flatten()
+        old_lp, entropy = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
+        if len(rest):
+            lp, ent = self.trainer.logprobs(batch.select(rest), with_entropy=True)
+            old_lp[rest, : lp.shape[1]], entropy[rest, : lp.shape[1]] = lp, ent
+        return old_lp, entropy
+
+    def _update(self, batch: TokenBatch, epochs: list[list[Tensor]], entropy: Tensor) -> dict[str, float]:
+        """ppo_epochs passes, each split into mini_batches optimizer steps; groups stay together.
+
+        The first epoch's forwards also record what the log-prob pass skipped (on_policy rows: their
+        log-probs into old_logprobs, their entropies into `entropy`), for the metrics."""
+        batch.extras["row"] = torch.arange(len(batch))
         # the same keys on every rank, even one that holds no samples
         totals = dict.fromkeys(("tokens", *self.algorithm.stats, "grad_norm", "lr", "skipped", "optimizer_steps"), 0.0)
-        for _ in range(algo.ppo_epochs):
-            order = torch.randperm(num_groups, generator=generator)
-            # exactly mini_batches chunks (some maybe empty) on every rank: ranks hold different group counts
-            for chunk in torch.tensor_split(order, algo.mini_batches):
-                rows = (chunk[:, None] * group + torch.arange(group)).flatten()
+        for epoch, minis in enumerate(epochs):
+            for rows in minis:
                 mini = batch.select(rows)
                 tokens, seqs = self.world.sum([float(mini.mask.sum()), float(len(mini))])
                 if seqs == 0:
                     continue  # no rank has data for this mini-batch (all ranks agree)
                 loss_fn = self.algorithm.objective(tokens / self.world.size, seqs / self.world.size,
                                                    norm_length=self.cfg.rollout.max_new_tokens)
-                stats = self.trainer.train_mini_batch(mini, loss_fn, with_entropy=self.algorithm.needs_entropy)
+                # entropies for the metrics where no pass computed them
+                record = epoch == 0 and (self.cfg.algorithm.old_logprobs == "rollout"
+                                         or bool(mini.extras["on_policy"].any()))
+                if record:
+                    loss_fn = _recording(loss_fn, batch.extras["old_logprobs"], entropy)
+                stats = self.trainer.train_mini_batch(mini, loss_fn,
+                                                      with_entropy=record or self.algorithm.needs_entropy)
                 stats["optimizer_steps"] = 1.0
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v

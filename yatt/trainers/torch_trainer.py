@@ -17,13 +17,14 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM
 
-from yatt.algorithms import entropy_from_logits, token_logprobs
 from yatt.balance.packing import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
 from yatt.engines.base import DTYPES, NamedTensors, weight_buckets
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
+from yatt.trainers.packing import attention_implementation, model_inputs
+from yatt.trainers.scoring import TokenScorer
 
 
 def lr_factor(step: int, cfg: TrainerConfig, total_steps: int) -> float:
@@ -40,7 +41,9 @@ class TorchTrainer:
     """Owns one model (trainable with an optimizer, or frozen as a reference) on this rank's device.
 
     trainer.dtype is the dtype of the weights, gradients and optimizer state (bfloat16 halves memory; the
-    log-probs and the loss are still computed in float32 from the logits).
+    log-probs and the loss are still computed in float32 from the logits). Forward passes go through a
+    `TokenScorer` (yatt.trainers.scoring): packed sequences (yatt.trainers.packing) in, one log-prob per
+    response token out.
     """
 
     replicated = True
@@ -48,17 +51,22 @@ class TorchTrainer:
     def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
                  total_steps: int = 1):
         self.cfg, self.world, self.trainable = cfg, world, trainable
-        self.module = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[cfg.dtype]).to(world.device)
-        self.model = self.module  # what forward/backward runs: the module, or DDP around it
+        extra = {"attn_implementation": attention_implementation(world.device)} if cfg.pack_sequences else {}
+        self.module = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[cfg.dtype],
+                                                           **extra).to(world.device)
+        self.scorer = TokenScorer(self.module, cfg.logprob_chunk_tokens)
+        self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
         if not trainable:
             self.module.eval().requires_grad_(False)
             return
         self.module.train()
+        if cfg.activation_checkpointing:  # recompute each decoder layer in backward instead of storing it
+            self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if world.grouped:  # also a one-GPU torchrun run: its gradients then go through NCCL like any other
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.module, device_ids=device_ids)
+            self.model = DistributedDataParallel(self.scorer, device_ids=device_ids)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -70,12 +78,18 @@ class TorchTrainer:
 
     def _token_outputs(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
                        ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs (and entropies) of mb's target tokens under softmax(logits / mb.temperature), [B, L-1]."""
-        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        logits = out.logits[:, :-1].float()
-        if mb.temperature != 1.0:
-            logits = logits / mb.temperature
-        return token_logprobs(logits, mb.input_ids[:, 1:]), entropy_from_logits(logits) if with_entropy else None
+        """Log-probs (and entropies) of mb's response tokens under softmax(logits / mb.temperature): [B, L-1],
+        zero outside mb.mask."""
+        inputs = model_inputs(mb, self.cfg.pack_sequences)
+        autocast = (torch.autocast(self.world.device.type, dtype=torch.bfloat16) if self.cfg.autocast == "bfloat16"
+                    else nullcontext())
+        with autocast:
+            logp, ent = model(inputs.kwargs, inputs.select, inputs.targets, mb.temperature, with_entropy)
+
+        def place(values: Tensor) -> Tensor:
+            return mb.mask.new_zeros(mb.mask.shape).index_put((inputs.rows, inputs.cols), values)
+
+        return place(logp), place(ent) if with_entropy else None
 
     @torch.no_grad()
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -83,12 +97,12 @@ class TorchTrainer:
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
         for rows in self.micro_batches(batch):
             mb = batch.select(rows).to(self.world.device)
-            # the bare module: no DDP hooks for a forward without backward
-            logp, ent = self._token_outputs(self.module, mb, with_entropy)
+            # the bare scorer: no DDP hooks for a forward without backward
+            logp, ent = self._token_outputs(self.scorer, mb, with_entropy)
             rows, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
-            logps[rows, width] = (logp * mb.mask).cpu()
+            logps[rows, width] = logp.cpu()
             if with_entropy:
-                ents[rows, width] = (ent * mb.mask).cpu()
+                ents[rows, width] = ent.cpu()
         return logps, ents
 
     def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
@@ -107,7 +121,7 @@ class TorchTrainer:
         sums: dict[str, float] = {}
         for i in range(count):
             last = i == count - 1
-            sync = nullcontext() if (last or self.model is self.module) else self.model.no_sync()
+            sync = nullcontext() if (last or self.model is self.scorer) else self.model.no_sync()
             with sync:
                 if i < len(micro):
                     mb = batch.select(micro[i]).to(self.world.device)
@@ -128,8 +142,8 @@ class TorchTrainer:
 
     def _zero_loss(self) -> Tensor:
         """A pass through every parameter with zero gradient: keeps DDP in step on a rank out of data."""
-        one = torch.zeros((1, 1), dtype=torch.long, device=self.world.device)
-        return self.model(input_ids=one, attention_mask=torch.ones_like(one), use_cache=False).logits.sum() * 0.0
+        mb = TokenBatch.from_sequences([[0]], [[0]], pad_id=0).to(self.world.device)
+        return self._token_outputs(self.model, mb, False)[0].sum() * 0.0
 
     def _state_tensors(self) -> list[Tensor]:
         tensors = [p.data for p in self.module.parameters()]
