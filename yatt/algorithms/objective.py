@@ -87,9 +87,9 @@ class Algorithm:
         def loss_fn(logp: Tensor, entropy: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
             old = old_logprobs(logp, mb)
             token_loss, stats = self.loss.compute(logp, old, mb.extras["advantages"], mb.mask, cfg.policy_loss)
-            weights = correction_weights(old, mb.extras["rollout_logprobs"], mb.mask, cfg.rollout_is)
-            if weights is not None:
-                token_loss = token_loss * weights
+            if cfg.rollout_is.mode != "none":  # only then do the engine's log-probs have to ride along
+                token_loss = token_loss * correction_weights(old, mb.extras["rollout_logprobs"], mb.mask,
+                                                             cfg.rollout_is)
             tokens = float(mb.mask.sum())
             sums = {"tokens": tokens, "policy_loss": float(masked_sum(token_loss.detach(), mb.mask))}
             sums.update({k: float(stats[k]) * tokens for k in self.loss.stats})
