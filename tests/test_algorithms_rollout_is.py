@@ -58,7 +58,7 @@ def test_masked_is():
         RolloutISConfig(threshold=1.0)
 
 
-def test_metrics_and_off_mode():
+def test_metrics_and_no_correction_mode():
     w, m = weights()  # none: no weights, but the mismatch is measured
     assert w is None
     close(T(m["rollout_is/ratio_mean"]), (E + 1 + 3 / E) / 5)
