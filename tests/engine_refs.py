@@ -34,3 +34,26 @@ def hf_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]
     """log_softmax of a plain unpadded forward's raw float32 logits at the completion's tokens."""
     logp = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float(), -1)
     return logp.gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def trainer_logprobs(folder: Path, prompt: list[int], completions: list[list[int]], temperature: float) -> list[torch.Tensor]:
+    """The torch trainer's log-probs of each completion at `temperature` (what the RL step compares with)."""
+    from yatt.config import TrainerConfig
+    from yatt.distributed import World
+    from yatt.trainers.batch import TokenBatch
+    from yatt.trainers.torch_trainer import TorchTrainer
+
+    trainer = TorchTrainer(folder, TrainerConfig(), World(0, 1, 0, torch.device("cpu")), trainable=False)
+    batch = TokenBatch.from_sequences([prompt] * len(completions), completions, pad_id=0)
+    batch.temperature = temperature
+    logp, _ = trainer.logprobs(batch)
+    return [logp[i][batch.mask[i].bool()] for i in range(len(completions))]
+
+
+@torch.no_grad()
+def nucleus_log_mass(model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float,
+                     top_p: float) -> torch.Tensor:
+    """log of the probability mass of the top-p nucleus of softmax(logits / T) at each completion position."""
+    logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float() / temperature
+    probs = torch.softmax(logits, -1).sort(dim=-1, descending=True).values
+    return torch.log(probs.masked_fill(probs.cumsum(-1) - probs > top_p, 0.0).sum(-1))

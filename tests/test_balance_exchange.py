@@ -23,7 +23,8 @@ def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout]
         for _ in range(unit):
             n = rng.randrange(40, 90) if long else rng.randrange(1, 12)
             out.append(Rollout(None, prompt, [rng.randrange(3, 50) for _ in range(n)], [-rng.random() * 3 for _ in range(n)],
-                               rng.choice(["stop", "length"]), reward=float(rng.random() < 0.5), origin=(rank, len(out))))
+                               rng.choice(["stop", "length"]), reward=float(rng.random() < 0.5), baseline=rng.random(),
+                               origin=(rank, len(out))))
     return out
 
 
@@ -137,7 +138,7 @@ def test_round_trip_keeps_every_sample_once_and_unchanged(two_ranks, name, unit,
     assert sorted(seen) == sorted(originals)  # each exactly once
     for h in held:
         for s in h:
-            assert s == originals[s["origin"]]  # bit-identical: ints, float64 logprobs, reward, finish reason
+            assert s == originals[s["origin"]]  # bit-identical: ints, float64 logprobs, reward, baseline, finish reason
     assert results[0][name]["after"] < results[0][name]["before"]
     assert all(len(h) > 0 for h in held)  # the empty rank got work
     if unit > 1:  # groups intact: a group's samples are on one rank, consecutive and in order

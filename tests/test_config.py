@@ -67,8 +67,9 @@ def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_pat
     path = write_config(tmp_path, model_dir)
     cases = {"trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: torch",
              "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
-             "algorithm.advantage.kind=ppo": "unknown algorithm.advantage.kind 'ppo'; registered: grpo",
-             "algorithm.policy_loss.kind=gspo": "unknown algorithm.policy_loss.kind 'gspo'; registered: ppo_clip",
+             "algorithm.advantage.kind=ppo": ("unknown algorithm.advantage.kind 'ppo'; registered: grpo, "
+                                              "reinforce_pp, reinforce_pp_baseline, remax, rloo"),
+             "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: gspo, ppo_clip",
              "algorithm.loss_agg=sum": "unknown algorithm.loss_agg 'sum'",
              "algorithm.kl_estimator=k4": "unknown algorithm.kl_estimator 'k4'; one of: k1, k2, k3"}
     for override, message in cases.items():
@@ -77,7 +78,7 @@ def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_pat
         assert message in str(err.value), (override, str(err.value))
     cfg = load_experiment(path, ["algorithm.policy_loss.clip_high=0.28", "trainer.dtype=bfloat16"])
     assert cfg.algorithm.policy_loss.clip_high == 0.28 and cfg.algorithm.advantage.normalize_std
-    with pytest.raises(ConfigError, match="algorithm.policy_loss.clip_hi: unknown key"):
+    with pytest.raises(ConfigError, match="algorithm.policy_loss.ppo_clip.clip_hi: unknown key"):
         load_experiment(path, ["algorithm.policy_loss.clip_hi=0.28"])
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_refs import EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, two_policies
+from engine_refs import (EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, nucleus_log_mass, trainer_logprobs,
+                         two_policies)
 from transformers import AutoTokenizer
 
 from yatt.engines.base import SamplingSpec, generate
@@ -60,15 +61,27 @@ def test_greedy_and_logprobs_match_hf(engine: HFEngine, hf, prompts) -> None:
     assert_matches_hf(generate(engine, prompts, GREEDY), hf["A"], prompts)
 
 
-def test_sampled_logprobs_are_of_the_raw_logits(engine: HFEngine, hf, prompts) -> None:
-    spec = SamplingSpec(n=3, temperature=0.7, top_p=0.9, max_tokens=20)
+def test_sampled_logprobs_match_the_trainer_at_temperature(engine: HFEngine, folders, prompts) -> None:
+    # T = 0.7, top_p = 1: the engine's log-probs are of softmax(logits / T), as the torch trainer's are
+    spec = SamplingSpec(n=3, temperature=0.7, max_tokens=20)
     rows = generate(engine, prompts, spec, seeds=[0, 10, 20, 30, 40])
     for prompt, row in zip(prompts, rows):
         assert len(row) == 3
-        for c in row:  # not of logits / T, not renormalised over the top-p set
-            torch.testing.assert_close(torch.tensor(c.logprobs), hf_logprobs(hf["A"], prompt, c.token_ids),
-                                       atol=1e-4, rtol=0)
+        ref = trainer_logprobs(folders["A"], prompt, [c.token_ids for c in row], 0.7)
+        for c, r in zip(row, ref):
+            assert (torch.tensor(c.logprobs) - r).abs().max() < 1e-3
     assert generate(engine, prompts[:1], SamplingSpec(max_tokens=4, logprobs=False))[0][0].logprobs == []
+
+
+def test_top_p_logprobs_are_renormalised_over_the_nucleus(engine: HFEngine, hf, folders, prompts) -> None:
+    # top_p < 1: engine = trainer - log(nucleus mass) >= trainer; the trainer does not truncate
+    rows = generate(engine, prompts[:3], SamplingSpec(n=2, temperature=0.7, top_p=0.9, max_tokens=20), seeds=[1, 2, 3])
+    for prompt, row in zip(prompts, rows):
+        ref = trainer_logprobs(folders["A"], prompt, [c.token_ids for c in row], 0.7)
+        for c, r in zip(row, ref):
+            mass = nucleus_log_mass(hf["A"], prompt, c.token_ids, 0.7, 0.9)
+            assert (torch.tensor(c.logprobs) - (r - mass)).abs().max() < 1e-3
+            assert (torch.tensor(c.logprobs) >= r - 1e-5).all()
 
 
 def test_tiny_top_p_is_greedy(engine: HFEngine, prompts) -> None:

@@ -96,8 +96,8 @@ def fake_shard(tmp_path, *overrides: str):
 
 
 @pytest.fixture
-def shard(tmp_path):
-    with fake_shard(tmp_path) as made:
+def shard(tmp_path, request):
+    with fake_shard(tmp_path, *getattr(request, "param", [])) as made:  # indirect parametrization: overrides
         yield made
 
 
@@ -155,3 +155,95 @@ def test_reusing_the_on_policy_forward_changes_nothing_but_the_work(tmp_path):
     rollout = results["rollout"][0]
     assert rollout["actor/ratio_mean"] != pytest.approx(1.0, abs=1e-3)
     assert rollout["actor/entropy"] == pytest.approx(want["actor/entropy"], rel=0.05)
+
+
+ALGORITHMS = {
+    "rloo": ["algorithm.advantage.kind=rloo"],
+    "reinforce_pp_kl_reward": ["algorithm.advantage.kind=reinforce_pp", "algorithm.kl_coef=0.05",
+                               "algorithm.kl_mode=reward", "algorithm.kl_estimator=k1"],
+    "reinforce_pp_baseline": ["algorithm.advantage.kind=reinforce_pp_baseline"],
+    "gspo_entropy_masked_is": ["algorithm.policy_loss.kind=gspo", "algorithm.loss_agg=seq-mean-token-mean",
+                               "algorithm.entropy_coef=0.01", "algorithm.rollout_is.mode=mask",
+                               "algorithm.rollout_is.level=sequence"],
+    "recompute_truncated_is_adaptive_kl": ["algorithm.old_logprobs=recompute", "algorithm.rollout_is.mode=truncate",
+                                           "algorithm.kl_coef=0.1", "algorithm.kl_control.kind=adaptive",
+                                           "algorithm.kl_control.target_kl=1e-6", "algorithm.kl_control.horizon=64"],
+}
+
+
+@pytest.mark.parametrize("shard", list(ALGORITHMS.values()), ids=list(ALGORITHMS), indirect=True)
+def test_every_algorithm_trains_through_the_step(shard):
+    shard, _ = shard
+    before = {name: t.clone() for name, t in shard.trainer.named_weights()}
+    metrics = shard.step(1)
+    for name in shard.algorithm.stats:
+        assert torch.isfinite(torch.tensor(metrics[f"actor/{name}"])), name
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k.startswith("rollout_is/"))
+    assert metrics["actor/grad_norm"] > 0
+    after = dict(shard.trainer.named_weights())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # the fake engine's log-prob is -1 per token, the trainer's differs: the IS ratio is measured
+    assert metrics["rollout_is/mismatch_kl"] > 0 and metrics["rollout_is/ratio_max"] > 0
+    mode = shard.cfg.algorithm.rollout_is.mode
+    assert (metrics["rollout_is/weight_mean"] == 1.0) == (mode == "none")
+
+
+@pytest.mark.parametrize("shard", [ALGORITHMS["recompute_truncated_is_adaptive_kl"]], indirect=True)
+def test_adaptive_kl_coefficient_moves_and_is_checkpointed(shard):
+    shard, _ = shard
+    metrics = shard.step(1)
+    # step 1 measures KL 0 (policy = reference, before the update): error -1 clipped to -.2, 64 samples over
+    # a horizon of 64: x .8
+    assert metrics["actor/kl_coef"] == 0.1 and metrics["actor/kl_ref"] == 0.0
+    assert shard.algorithm.kl_coef == pytest.approx(0.08)
+    state = {k: dict(v) if k == "kl_control" else v for k, v in shard.state_dict().items()}
+    metrics = shard.step(2)  # now the policy moved: KL above the 1e-6 target, x 1.2
+    assert metrics["actor/kl_coef"] == pytest.approx(0.08) and metrics["actor/kl_ref"] > 1e-6
+    assert shard.algorithm.kl_coef == pytest.approx(0.096)
+    shard.load_state_dict(state)
+    assert shard.algorithm.kl_coef == pytest.approx(0.08)
+
+
+@pytest.mark.parametrize("shard", [["rollout.sync_every=2"]], indirect=True)
+def test_sync_every_keeps_the_engines_stale_between_syncs(shard):
+    shard, engines = shard
+    [engine] = engines
+    shard.step(1)
+    assert engine.updates == []  # step 1: the engine still holds the initial policy
+    shard.step(2)
+    assert engine.updates
+
+
+@pytest.mark.parametrize("shard", [["algorithm.advantage.kind=remax"]], indirect=True)
+def test_remax_baseline_is_the_greedy_reward_of_each_prompt(shard, monkeypatch):
+    shard, _ = shard
+    seen = []
+    advantages = shard.algorithm.advantages
+    monkeypatch.setattr(shard.algorithm, "advantages", lambda inp: seen.append(inp) or advantages(inp))
+    metrics = shard.step(1)
+    # the fake's greedy answer is "0": right for prompt "0+0=" only, so prompt 0's baseline is 1, the others' 0
+    (inp,) = seen
+    torch.testing.assert_close(inp.baselines, torch.tensor([1.0] * 8 + [0.0] * 56))
+    # sample j answers j: prompt b's right sample is j = b; advantages = reward - baseline
+    expected = torch.tensor([float(j == b) for b in range(8) for j in range(8)]) - inp.baselines
+    torch.testing.assert_close(advantages(inp), expected)
+    assert metrics["actor/grad_norm"] > 0
+
+
+def test_rollout_is_weights_are_the_same_with_reused_old_logprobs(tmp_path):
+    """Masked IS weights come from each micro-batch's old log-probs inside the loss, so old_logprobs=reuse
+    (the first mini-batch's from its own forward) trains exactly like recompute."""
+    results = {}
+    for mode in ("recompute", "reuse"):
+        torch.manual_seed(0)
+        with fake_shard(tmp_path / mode, f"algorithm.old_logprobs={mode}", "algorithm.rollout_is.mode=mask",
+                        "algorithm.rollout_is.lower_threshold=0.25") as (shard, _):
+            results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
+    (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
+    # the fake's -1 per token against the trainer's own log-probs: some tokens dropped, not all
+    assert 0 < want["rollout_is/changed_frac"] < 1
+    for key in ("actor/policy_loss", "actor/grad_norm", "rollout_is/ratio_mean", "rollout_is/ratio_max",
+                "rollout_is/changed_frac", "rollout_is/weight_mean", "rollout_is/mismatch_kl"):
+        assert got[key] == pytest.approx(want[key], abs=1e-5), key
+    for name, w in want_w.items():
+        torch.testing.assert_close(got_w[name], w, rtol=0, atol=1e-5)

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_refs import EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, two_policies
+from engine_refs import (EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, nucleus_log_mass, trainer_logprobs,
+                         two_policies)
 from transformers import AutoTokenizer
 
 from yatt.engines.base import SamplingSpec, weight_buckets
@@ -80,6 +81,25 @@ def check_against_hf(engine: EngineClient, model: torch.nn.Module, prompts: list
 def test_greedy_and_logprobs_match_hf_model_a(engine: EngineClient, hf, prompts) -> None:
     long_prompt = (prompts[0] * 20)[:150]  # spans more than one KV block: exercises prefix caching
     GREEDY["A"] = check_against_hf(engine, hf["A"], [*prompts, long_prompt], max_new=12)
+
+
+def test_sampled_logprobs_match_the_trainer_at_temperature(engine: EngineClient, folders, prompts) -> None:
+    # vLLM's processed_logprobs at T = 0.7, top_p = 1: softmax(logits / T), as the torch trainer computes
+    rows = engine.generate(prompts, SamplingSpec(n=3, temperature=0.7, max_tokens=20), seeds=[0, 10, 20, 30])
+    for prompt, row in zip(prompts, rows):
+        ref = trainer_logprobs(folders["A"], prompt, [c.token_ids for c in row], 0.7)
+        for c, r in zip(row, ref):
+            assert (torch.tensor(c.logprobs) - r).abs().max() < 1e-3
+
+
+def test_top_p_logprobs_are_renormalised_over_the_nucleus(engine: EngineClient, hf, folders, prompts) -> None:
+    # vLLM masks the tokens outside the nucleus before the log-softmax: engine = trainer - log(nucleus mass)
+    rows = engine.generate(prompts[:3], SamplingSpec(n=2, temperature=0.7, top_p=0.9, max_tokens=20), seeds=[1, 2, 3])
+    for prompt, row in zip(prompts, rows):
+        ref = trainer_logprobs(folders["A"], prompt, [c.token_ids for c in row], 0.7)
+        for c, r in zip(row, ref):
+            mass = nucleus_log_mass(hf["A"], prompt, c.token_ids, 0.7, 0.9)
+            assert (torch.tensor(c.logprobs) - (r - mass)).abs().max() < 1e-3
 
 
 def test_health_and_cpu_sleep_is_a_recorded_noop(engine: EngineClient) -> None:

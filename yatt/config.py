@@ -15,10 +15,12 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from yatt.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from yatt.algorithms.grpo import GRPOConfig
+from yatt.algorithms.kl_control import KLControlConfig
+from yatt.algorithms.rollout_is import RolloutISConfig
 from yatt.algorithms.ppo_clip import PPOClipConfig
 from yatt.balance.partition import PARTITIONERS
 from yatt.config_loading import ConfigError, load_config
@@ -65,8 +67,12 @@ class DataConfig(Section):
 class RolloutConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     group_size: int = Field(8, gt=0, description="Samples per prompt (G).")
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; trainer and engine log-probs "
+                               "are both of softmax(logits / temperature).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; < 1 makes the engine's log-probs "
+                         "differ from the trainer's, which does not renormalise over the nucleus (see README).")
+    sync_every: int = Field(1, gt=0, description="Push the policy to the rollout engines every N steps; > 1 "
+                            "makes rollouts deliberately stale (off-policy experiments, rollout IS correction).")
     max_new_tokens: int = Field(16, gt=0)
     engines_per_rank: int = Field(1, gt=0, description="Rollout engines per rank; each request goes to the "
                                   "rollout engine in use with the fewest requests in flight.")
@@ -106,10 +112,18 @@ class DynamicSamplingConfig(Section):
         return self
 
 
-def _section_of(registry: Registry) -> Any:
-    """The config type of a registry's entries: the union of their sections, told apart by `kind`."""
-    sections = tuple(registry.get(name).config for name in registry.names())
-    return sections[0] if len(sections) == 1 else Annotated[Union[sections], Field(discriminator="kind")]
+def _section_of(registry: Registry, default: str) -> Any:
+    """The config type of a registry's entries: the union of their sections, told apart by `kind`; a section
+    without `kind` (e.g. from an override `algorithm.policy_loss.clip_high=0.28`) is the `default` entry's."""
+    names = registry.names()
+    if len(names) == 1:
+        return registry.get(names[0]).config
+
+    def kind_of(value: Any) -> str:
+        return value.get("kind", default) if isinstance(value, dict) else getattr(value, "kind", default)
+
+    sections = tuple(Annotated[registry.get(name).config, Tag(name)] for name in names)
+    return Annotated[Union[sections], Discriminator(kind_of)]
 
 
 def _check_kind(registry: Registry, section: Any) -> None:
@@ -125,14 +139,21 @@ def _check_choice(field: str, value: str, allowed) -> str:
 
 
 class AlgorithmConfig(Section):
-    advantage: _section_of(ADVANTAGES) = Field(  # type: ignore[valid-type]
+    advantage: _section_of(ADVANTAGES, "grpo") = Field(  # type: ignore[valid-type]
         default_factory=GRPOConfig, description="Advantage estimator: {kind: <registered name>, its fields}.")
-    policy_loss: _section_of(POLICY_LOSSES) = Field(  # type: ignore[valid-type]
+    policy_loss: _section_of(POLICY_LOSSES, "ppo_clip") = Field(  # type: ignore[valid-type]
         default_factory=PPOClipConfig, description="Policy loss: {kind: <registered name>, its fields}.")
     loss_agg: str = Field("token-mean", description=f"How token losses become one: {', '.join(LOSS_AGGREGATIONS)}.")
     kl_coef: float = Field(0.0, ge=0.0, description="0 disables KL and the reference model.")
     kl_estimator: str = Field("k3", description=f"KL estimator: {', '.join(sorted(KL_ESTIMATORS))}.")
-    kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term or as a reward penalty.")
+    kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term or as a reward penalty "
+                                               "(reinforce_pp*: per-token reward shaping).")
+    kl_control: KLControlConfig = Field(default_factory=KLControlConfig, description="Fixed or adaptive KL "
+                                        "coefficient (adaptive starts at kl_coef).")
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus: the loss subtracts entropy_coef x the "
+                                "policy's per-token entropy (aggregated like the policy loss); 0 disables it.")
+    rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig, description="Importance-sampling "
+                                        "correction of the rollout engine / trainer mismatch.")
     ppo_epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
     old_logprobs: Literal["recompute", "reuse", "rollout"] = Field(
@@ -276,9 +297,17 @@ class ExperimentConfig(Section):
             if self.balance.keep_groups is False:
                 raise ValueError(f"balance.keep_groups=false would split groups across ranks, but {advantage} "
                                  "advantages need whole groups on one rank")
+        if ADVANTAGES.get(advantage).needs_greedy_baseline and self.reward.kind != "rule":
+            raise ValueError(f"{advantage} scores its greedy baseline responses with the rule verifier; it needs "
+                             f"reward.kind=rule, not {self.reward.kind}")
         if self.data.prompts_per_step % self.algorithm.mini_batches:
             raise ValueError(f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
                              f"algorithm.mini_batches={self.algorithm.mini_batches}")
+        every = self.rollout.sync_every
+        if every > 1 and self.checkpoint.every % every:
+            raise ValueError(f"checkpoint.every={self.checkpoint.every} must be a multiple of "
+                             f"rollout.sync_every={every}: a resumed run pushes the checkpointed policy to the "
+                             "engines, which is only what they held at a sync step")
         limit = self.rollout.engine.max_model_len
         if limit is not None and self.rollout_tokens > limit:
             raise ValueError(f"data.max_prompt_tokens + rollout.max_new_tokens = {self.rollout_tokens} exceeds "

@@ -19,9 +19,14 @@ from yatt.registry import Registry
 
 ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
     "grpo": "yatt.algorithms.grpo:GRPO",
+    "rloo": "yatt.algorithms.rloo:RLOO",
+    "remax": "yatt.algorithms.remax:REMAX",
+    "reinforce_pp": "yatt.algorithms.reinforce_pp:REINFORCE_PP",
+    "reinforce_pp_baseline": "yatt.algorithms.reinforce_pp:REINFORCE_PP_BASELINE",
 })
 POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
     "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",
+    "gspo": "yatt.algorithms.gspo:GSPO",
 })
 
 __all__ = [

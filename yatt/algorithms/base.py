@@ -32,6 +32,11 @@ class AdvantageInput:
     mask: Tensor  # [N, T] response tokens
     group_size: int
     world: World | None = None  # for estimators that normalise over the global batch
+    # [N, T] kl_coef * per-token KL to the reference when algorithm.kl_mode = reward (else None); `rewards`
+    # already subtract its sum over each sequence, for estimators that shape token rewards with it instead
+    token_kl: Tensor | None = None
+    # [N] reward of each sample's prompt's greedy response (estimators with needs_greedy_baseline), else None
+    baselines: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class AdvantageEstimator:
     # (input, its config) -> advantages [N] (per sequence) or [N, T] (per token)
     compute: Callable[[AdvantageInput, Any], Tensor]
     needs_groups: bool  # advantages relative to the group: each prompt's samples must stay on one rank
+    # the controller generates one greedy response per prompt with its group and passes its reward (ReMax)
+    needs_greedy_baseline: bool = False
 
 
 @dataclass(frozen=True)

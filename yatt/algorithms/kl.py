@@ -11,6 +11,12 @@ from torch import Tensor
 # exp() of a log-ratio beyond this overflows float32/bf16 or dominates the loss; tokens this
 # far apart are already maximally penalized, so clamping loses nothing useful.
 LOG_RATIO_CLAMP = 20.0
+# k3's value is clamped to [-K3_CLAMP, K3_CLAMP] as veRL's `low_var_kl` does. Unclamped, its gradient
+# d k3 / d logprob = 1 - exp(-log_ratio) is -2.2e4 at log-ratio -10 and -4.4e8 at -19.9, so one token far
+# below the reference would dominate the gradient norm. With the clamp a token contributes gradient only
+# while k3 <= 10, i.e. log-ratio in about [-2.61, 11]: |gradient| <= exp(2.61) - 1 = 12.6 per token,
+# and 0 beyond (such a token is at the penalty's ceiling; the clipped policy ratio bounds how it moves).
+K3_CLAMP = 10.0
 
 
 def _k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -26,10 +32,11 @@ def _k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
 def _k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """r - 1 - log r with r = ref/pi: unbiased, low variance, always >= 0.
 
-    The log-ratio is clamped to [-20, 20] before exponentiating (numerical safety).
+    Bounded like veRL's `low_var_kl`: the log-ratio is clamped to [-20, 20] before exponentiating
+    (numerical safety), then the value to [-10, 10] (which bounds the gradient, see K3_CLAMP).
     """
     log_ratio = (logprobs - ref_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(-log_ratio) - 1 + log_ratio
+    return (torch.exp(-log_ratio) - 1 + log_ratio).clamp(-K3_CLAMP, K3_CLAMP)
 
 
 KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}

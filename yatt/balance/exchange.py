@@ -139,7 +139,7 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
         if len(s.rollout_logprobs) != len(s.response_ids):
             raise ValueError(f"sample {s.origin}: {len(s.rollout_logprobs)} logprobs for {len(s.response_ids)} tokens")
         ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), *s.prompt_ids, *s.response_ids]
-        floats += [s.reward, *s.rollout_logprobs]
+        floats += [s.reward, s.baseline, *s.rollout_logprobs]
     return torch.tensor(ints, dtype=torch.int64), torch.tensor(floats, dtype=torch.float64)
 
 
@@ -151,15 +151,15 @@ def _unpack(ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, i
         if (ints_l[a], ints_l[a + 1]) != (rank, index):
             raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a:a + 2])}")
         finish, prompt, response = ints_l[a + 2], ints_l[a + 3 : a + 3 + p], ints_l[a + 3 + p : a + 3 + p + r]
-        out.append(Rollout(None, prompt, response, floats_l[b + 1 : b + 1 + r], FINISH_REASONS[finish],
-                           reward=floats_l[b], origin=(rank, index)))
-        a, b = a + 3 + p + r, b + 1 + r
+        out.append(Rollout(None, prompt, response, floats_l[b + 2 : b + 2 + r], FINISH_REASONS[finish],
+                           reward=floats_l[b], baseline=floats_l[b + 1], origin=(rank, index)))
+        a, b = a + 3 + p + r, b + 2 + r
     return out
 
 
 def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
     pairs = [lengths[rank][i] for rank, i in origins]
-    return sum(3 + p + r for p, r in pairs), sum(1 + r for _, r in pairs)
+    return sum(3 + p + r for p, r in pairs), sum(2 + r for _, r in pairs)
 
 
 def exchange(world: World, samples: list[Rollout], plan: Plan) -> list[Rollout]:

@@ -131,20 +131,28 @@ class ControllerShard:
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
             with timer("advantages"):
                 rewards = torch.tensor([r.reward for r in trained], dtype=torch.float32)
+                token_kl = None
                 if ref_lp is not None and algo.kl_mode == "reward":
                     kl = kl_estimate(old_lp, ref_lp, algo.kl_estimator)
-                    rewards = kl_penalized_rewards(rewards, kl, batch.mask, algo.kl_coef)
+                    rewards = kl_penalized_rewards(rewards, kl, batch.mask, self.algorithm.kl_coef)
+                    token_kl = self.algorithm.kl_coef * kl * batch.mask
+                baselines = torch.tensor([r.baseline for r in trained], dtype=torch.float32)
                 advantages = self.algorithm.advantages(
-                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world))
+                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world, token_kl, baselines))
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
             if ref_lp is not None:
                 batch.extras["ref_logprobs"] = ref_lp
             with timer("update"):
                 update = self._update(batch, minis, entropy)
-        with timer("sync"), self.placement.own("rollout"):
-            self.engines.push_weights(self.policy_weights())
+        if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
+            with timer("sync"), self.placement.own("rollout"):
+                self.engines.push_weights(self.policy_weights())
         self.samples_trained += len(trained)
         metrics = self._step_metrics(trained, batch, entropy, ref_lp, update, timer)
+        # after the update: with old_logprobs=reuse its first forwards filled in the on-policy rows' log-probs
+        metrics.update(self.algorithm.mismatch_metrics(batch, self.world))
+        metrics["actor/kl_coef"] = self.algorithm.kl_coef  # the coefficient this step used
+        self.algorithm.kl_control.update(metrics["actor/kl_ref"], metrics["rollout/samples"])
         metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
                                                restarted))
         self.last_step = step
@@ -189,10 +197,24 @@ class ControllerShard:
         with timer("generate"):
             rollouts, stats = self._generate(step, rows, round_)
             self._rounds.append(stats)
+            if self.algorithm.estimator.needs_greedy_baseline:
+                self._greedy_baselines(rows, rollouts)
         with timer("reward"):
             assign_rewards(rollouts, self.cfg.reward.kind, {j.name: j.weight for j in self.cfg.reward.judges},
                            self.cfg.reward.rule_weight)
         return rollouts
+
+    def _greedy_baselines(self, rows, rollouts: list[Rollout]) -> None:
+        """ReMax: one greedy response per prompt, generated right after its group and scored by the rule
+        verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""
+        prompt_ids = encode_prompts(rows, self.tokenizer, self.cfg.data.max_prompt_tokens)
+        with self.placement.own("rollout"):
+            greedy = generate_rollouts(self.engines.rollout, rows, prompt_ids, self.greedy, self.tokenizer, None)
+        score_rollouts(greedy)
+        group = self.cfg.rollout.group_size
+        for i, g in enumerate(greedy):
+            for r in rollouts[i * group : (i + 1) * group]:
+                r.baseline = g.reward
 
     def _rebalance(self, rollouts: list[Rollout]):
         """Move whole groups between ranks so each trains about the same work (yatt.balance)."""
@@ -267,7 +289,8 @@ class ControllerShard:
                                          or bool(mini.extras["on_policy"].any()))
                 if record:
                     loss_fn = _recording(loss_fn, batch.extras["old_logprobs"], entropy)
-                stats = self.trainer.train_mini_batch(mini, loss_fn, with_entropy=record)
+                stats = self.trainer.train_mini_batch(mini, loss_fn,
+                                                      with_entropy=record or self.algorithm.needs_entropy)
                 stats["optimizer_steps"] = 1.0
                 for k, v in stats.items():
                     totals[k] = totals.get(k, 0.0) + v
@@ -366,6 +389,7 @@ class ControllerShard:
         load_state_dict. The reference model is not saved: it is frozen at model.path."""
         return {"trainer": self.trainer.state_dict(), "train_stream": self.train_stream.state_dict(),
                 "rng": rng_state(), "progress": {"step": self.last_step, "samples_trained": self.samples_trained},
+                "kl_control": self.algorithm.kl_control.state_dict(),
                 **({"sampler": self.sampler.state_dict()} if self.sampler else {})}
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
@@ -374,6 +398,7 @@ class ControllerShard:
         self.train_stream.load_state_dict(state["train_stream"])
         self.last_step = state["progress"]["step"]
         self.samples_trained = state["progress"]["samples_trained"]
+        self.algorithm.kl_control.load_state_dict(state["kl_control"])
         if self.sampler:
             self.sampler.load_state_dict(state["sampler"])
         with self.placement.own("rollout"):

@@ -25,6 +25,7 @@ class Rollout:
     rule_score: float = 0.0
     judge_scores: dict[str, float] = field(default_factory=dict)
     origin: tuple[int, int] = (-1, -1)  # (rank, index in that rank's step) where it was generated
+    baseline: float = 0.0  # ReMax: the reward of the prompt's greedy response (0 unless the estimator asks)
 
     def to_dict(self) -> dict:
         """Plain JSON-able data (for state that checkpoints carry, e.g. the dynamic-sampling queue)."""

@@ -37,9 +37,10 @@ class SamplingSpec:
 class Completion:
     """One sampled continuation.
 
-    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the engine's current weights,
-    computed from the raw logits (before temperature/top-p), i.e. comparable to the trainer's
-    ``log_softmax(logits)``. Empty when logprobs were not requested.
+    ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the engine's current weights, in
+    the distribution it was sampled from: softmax(logits / temperature), renormalised over the top-p
+    nucleus (vLLM's processed_logprobs), i.e. comparable to the trainer's log-probs at the same
+    temperature when top_p = 1 (the raw logits at temperature 0). Empty when logprobs were not requested.
     """
 
     token_ids: list[int]

@@ -7,8 +7,10 @@ repeated for its ``n`` samples; finished rows are dropped from the batch (and it
 
 Sample j of a request with seed s draws its uniforms from its own CPU ``torch.Generator`` seeded
 ``s + j`` (inverse-CDF sampling, one uniform per token), so a seed gives the same sample whatever
-else is in the batch, on CPU or GPU, up to float noise in the logits. Log-probs are of the raw
-logits in float32 (before temperature/top-p), like `VLLMEngine` and the trainer's `token_logprobs`.
+else is in the batch, on CPU or GPU, up to float noise in the logits. Log-probs (float32) are of the
+distribution sampled from: softmax(logits / temperature), renormalised over the top-p nucleus when
+top_p < 1 (like `VLLMEngine` with vLLM's processed_logprobs; the trainer divides by the temperature too but
+does not truncate to the nucleus); at temperature 0 (greedy) they are of the raw logits.
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ class HFEngine:
             tok = self._pick(logits, sp, uniforms[rows, t] if sp.temperature > 0 else None)
             tokens[rows, t] = tok
             if sp.logprobs:
-                logps[rows, t] = logits.gather(1, tok[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+                logps[rows, t] = self._logprob(logits, tok, sp)
             hit = torch.isin(tok, stops)
             if hit.any():
                 length[rows[hit]], stopped[rows[hit]] = t + 1, True
@@ -188,6 +190,16 @@ class HFEngine:
         done = [Completion(tokens[r][:length[r]], logps[r][:length[r]] if sp.logprobs else [],
                            "stop" if stopped[r] else "length") for r in range(B)]
         return [done[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    @staticmethod
+    def _logprob(logits: torch.Tensor, tok: torch.Tensor, sp: SamplingSpec) -> torch.Tensor:
+        """log-prob of `tok` under the distribution `_pick` sampled it from (vLLM's processed_logprobs)."""
+        scaled = logits / sp.temperature if sp.temperature > 0 else logits
+        logp = scaled.gather(1, tok[:, None])[:, 0] - torch.logsumexp(scaled, dim=-1)
+        if sp.temperature > 0 and sp.top_p < 1.0:  # renormalise over the nucleus: minus log of its mass
+            probs = torch.softmax(scaled, dim=-1).sort(dim=-1, descending=True).values
+            logp = logp - torch.log(probs.masked_fill(probs.cumsum(dim=-1) - probs > sp.top_p, 0.0).sum(dim=-1))
+        return logp
 
     @staticmethod
     def _pick(logits: torch.Tensor, sp: SamplingSpec, u: torch.Tensor | None) -> torch.Tensor:

@@ -86,6 +86,9 @@ class VLLMEngine:
             max_num_seqs=cfg.max_num_seqs,
             enforce_eager=cfg.enforce_eager,
             seed=seed,
+            # log-probs of the distribution sampled from (after temperature and top-p), like the hf engine's;
+            # the default raw_logprobs ignores the temperature the trainer divides by
+            logprobs_mode="processed_logprobs",
         )
         if current_platform.is_cpu():
             # Explicit bytes (fractional GiB allowed); VLLM_CPU_KVCACHE_SPACE would override it.
