@@ -3,8 +3,9 @@
 Each rank starts one rollout engine and one engine per judge on its own device (on GPU the idle
 one sleeps). Endpoints are published through torchrun's key-value store, so any controller can
 reach any engine without configuration. Every engine's secret is derived from one per-run secret
-(made by rank 0 and shared through the same store), so a process outside the run cannot talk to
-the engines, and the engines of one run cannot be confused with another's.
+(`yatt.placement.run_secret`: from the launcher's environment or an owner-only file, never through the
+store, which anyone who reaches the rendezvous port can read), so a process outside the run cannot talk
+to the engines, and the engines of one run cannot be confused with another's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from yatt.engines.client import EngineClient, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import judge_engine
-from yatt.transport.codec import new_secret
+from yatt.placement.run_secret import run_secret
 
 ROLLOUT = "rollout"
 
@@ -45,9 +46,7 @@ class EngineServices:
 
     def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path, spawn: Spawn = spawn_engine):
         self.cfg, self.world, self.run_dir, self.spawn = cfg, world, run_dir, spawn
-        if world.is_main:
-            world.publish("run_secret", new_secret().hex())
-        self.run_secret = bytes.fromhex(world.lookup("run_secret"))
+        self.run_secret = run_secret(world, run_dir)
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
         self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
         rollout_engine = cfg.rollout.engine.model_copy(
