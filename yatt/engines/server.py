@@ -5,7 +5,7 @@ Reads one JSON spec from stdin (never from argv, which other users can see in ``
     {"model_path": ..., "engine": {EngineConfig, whose backend names the RolloutEngine}, "seed": 0,
      "secret_hex": ..., "ready_file": ...}
 
-builds the engine, serves it over an `RpcServer` on a random loopback port, announces the
+builds the engine, serves it over an `RpcServer` on a random port of ``engine.bind``, announces the
 endpoint by atomically writing ``ready_file`` and exits 0 after the ``shutdown`` RPC.
 """
 
@@ -164,6 +164,19 @@ def build_engine(spec: dict[str, Any]) -> RolloutEngine:
     return ENGINES.get(cfg.backend)(str(spec["model_path"]), cfg, int(spec["seed"]))
 
 
+def advertised_address(bind: str, master: str) -> str | None:
+    """The address other nodes reach a wildcard-bound engine at: this node's source address on the route to
+    torchrun's MASTER_ADDR (the one address every node is known to reach); None for a specific bind address."""
+    if bind not in ("0.0.0.0", "::", "*"):
+        return None
+    import socket
+
+    family = socket.AF_INET6 if ":" in master else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((master, 9))  # UDP connect sends nothing; it only picks the route and source address
+        return s.getsockname()[0]
+
+
 def write_ready_file(path: str, endpoint: str) -> None:
     """Write then rename, so the parent never reads a half-written endpoint."""
     tmp = f"{path}.tmp.{os.getpid()}"
@@ -198,7 +211,9 @@ def main() -> int:
         watch_parent(int(spec["parent_pid"]))
     log.info("engine server pid=%d spec=%s", os.getpid(), {k: v for k, v in spec.items()})
     service = EngineService(build_engine(spec))
-    server = RpcServer(service, secret)
+    cfg = EngineConfig(**spec.get("engine", {}))
+    server = RpcServer(service, secret, host=cfg.bind, advertise=cfg.advertise,
+                       max_frames=cfg.max_frames, max_message_bytes=cfg.max_message_mb << 20)
     write_ready_file(spec["ready_file"], server.endpoint)
     log.info("serving on %s", server.endpoint)
     try:

@@ -75,6 +75,7 @@ def provided_secret(env: Mapping[str, str] = os.environ) -> bytes | None:
 
 def write_secret_file(path: Path, secret: bytes) -> None:
     """Owner-only from its first byte (no chmod race), then renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp.{os.getpid()}")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
