@@ -57,6 +57,13 @@ class EngineService:
 
     # ---- the stepping thread -------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._steps()
+        except BaseException:  # a half-dead engine (process alive, nothing stepping) would hang its callers
+            log.exception("the engine's stepping thread failed; the engine exits so that it is restarted")
+            die(4)
+
+    def _steps(self) -> None:
         while not self._stop.is_set():
             while not self._commands.empty():
                 fn, fut = self._commands.get()
@@ -140,7 +147,15 @@ class EngineService:
                 raise TypeError("named_tensors must be a list of [name, tensor] pairs")
             pairs.append((item[0], item[1]))
         t0 = time.perf_counter()
-        self._on_loop(lambda: self.engine.update_weights(pairs))
+        try:
+            self._on_loop(lambda: self.engine.update_weights(pairs))
+        except BaseException:
+            # A failed load may leave some layers new and some old (vLLM reloads module by module): such an
+            # engine must not serve. The caller gets the error; the engine exits right after replying, and
+            # the controller restarts it with the current weights.
+            log.exception("weight update failed; the engine exits")
+            threading.Timer(0.5, die, args=(5,)).start()
+            raise
         return {"tensors": len(pairs), "seconds": time.perf_counter() - t0}
 
     def sleep(self) -> dict[str, Any]:
@@ -157,6 +172,12 @@ class EngineService:
     def shutdown(self) -> None:
         self._on_loop(self.engine.shutdown)
         self._stop.set()
+
+
+def die(code: int) -> None:
+    """End the process now, from any thread (the RPC thread may be blocked waiting on the dead one)."""
+    logging.shutdown()
+    os._exit(code)
 
 
 def build_engine(spec: dict[str, Any]) -> RolloutEngine:

@@ -60,6 +60,7 @@ class EngineServices:
         # () -> the policy's weight buckets; set by the shard, pushed into a restarted rollout engine
         self.policy_weights: Callable[[], Iterator[NamedTensors]] | None = None
         self.generation = 0
+        self.restarted_since_heal = 0  # engines push_weights restarted: heal counts them and refreshes endpoints
         for role in self.specs:
             self._start(role)
         self._remote: dict[tuple[str, int], EngineClient] = {}
@@ -88,10 +89,25 @@ class EngineServices:
         return [c for role, c in self.local.items() if role not in self.rollout_roles]
 
     def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
-        """Load the policy's weights into this rank's rollout engines, one bucket at a time."""
+        """Load the policy's weights into this rank's rollout engines, one bucket at a time.
+
+        An engine whose update fails (it exits: a half-loaded engine must not serve) or that died is
+        restarted, and `_start` pushes it the whole current policy; a second failure is the run's error."""
+        failed: set[str] = set()
         for bucket in buckets:
-            for engine in self.rollouts():
-                engine.update_weights(bucket)
+            for role in self.rollout_roles:
+                if role in failed:
+                    continue
+                try:
+                    self.local[role].update_weights(bucket)
+                except Exception as e:
+                    print(f"warning: rank {self.world.rank}: weight update of engine {role} failed "
+                          f"({str(e).splitlines()[0][:200]}); restarting it with the current weights", flush=True)
+                    failed.add(role)
+        for role in failed:
+            self.local[role].close()
+            self._start(role)
+            self.restarted_since_heal += 1
 
     def heal(self) -> int:
         """Restart this rank's dead engines (called between steps, by every rank); returns how many."""
@@ -99,7 +115,8 @@ class EngineServices:
         for role in dead:
             self.local[role].close()
             self._start(role)
-        restarted = int(self.world.sum([float(len(dead))])[0])
+        restarted = int(self.world.sum([float(len(dead) + self.restarted_since_heal)])[0])
+        self.restarted_since_heal = 0
         if restarted:
             self._remote.clear()  # endpoints changed; look them up again
             self.world.barrier()
