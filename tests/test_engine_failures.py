@@ -56,3 +56,26 @@ def test_a_rank_restarts_an_engine_whose_update_failed_with_the_current_weights(
         assert services.heal() == 1  # counted in the step's restart metric
     finally:
         services.close()
+
+
+def test_an_engine_killed_between_stages_is_restarted_by_wake_with_the_current_weights(tmp_path):
+    import os
+    import signal
+
+    cfg = load_experiment(REPO / "configs" / "quickstart.yaml",
+                          [f"run.output_dir={tmp_path}", "rollout.engine.backend=hf", "reward.judges=[]"])
+    services = EngineServices(cfg, World(0, 1, 0, torch.device("cpu")), tmp_path / "run")
+    try:
+        prompt = [[4, 5, 6]]
+        before = services.rollout.generate(prompt, GREEDY)[0][0].token_ids
+        weights = load_file(str(POLICY / "model.safetensors"))
+        services.policy_weights = lambda: iter([list(weights.items())])
+        services.sleep("rollout")
+        os.kill(services.rollout.pid, signal.SIGKILL)  # e.g. during training, before the sync stage's wake
+        wait_dead(services.rollout)
+        services.wake("rollout")  # today: EngineDied ended the run
+        assert services.rollout.alive()
+        assert services.rollout.generate(prompt, GREEDY)[0][0].token_ids == before
+        assert services.heal() == 1
+    finally:
+        services.close()

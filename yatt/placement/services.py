@@ -20,7 +20,7 @@ from typing import Callable
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
 from yatt.engines.base import NamedTensors
-from yatt.engines.client import EngineClient, connect_engine, spawn_engine
+from yatt.engines.client import EngineClient, EngineDied, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import judge_engine
@@ -108,6 +108,28 @@ class EngineServices:
             self.local[role].close()
             self._start(role)
             self.restarted_since_heal += 1
+
+    def sleep(self, kind: str) -> list[dict]:
+        """Offload this rank's `kind` engines (ROLLOUT or "genrm"); one found dead is restarted (and slept)."""
+        return self._each(kind, "sleep")
+
+    def wake(self, kind: str) -> list[dict]:
+        """Onload this rank's `kind` engines; one found dead is restarted, awake, with the current weights."""
+        return self._each(kind, "wake")
+
+    def _each(self, kind: str, method: str) -> list[dict]:
+        roles = self.rollout_roles if kind == ROLLOUT else [r for r in self.local if r not in self.rollout_roles]
+        out = []
+        for role in roles:
+            try:
+                out.append(getattr(self.local[role], method)())
+            except EngineDied as e:  # killed between stages: the run goes on with a fresh one
+                print(f"warning: rank {self.world.rank}: engine {role} died ({str(e).splitlines()[0][:200]}); "
+                      "restarting it", flush=True)
+                self.local[role].close()
+                out.append(getattr(self._start(role), method)())
+                self.restarted_since_heal += 1
+        return out
 
     def heal(self) -> int:
         """Restart this rank's dead engines (called between steps, by every rank); returns how many."""
