@@ -41,11 +41,12 @@ def main() -> int:
 
     from yatt.checkpoint import CheckpointError  # heavy imports only once the config is good
     from yatt.controllers.run import run_experiment
+    from yatt.placement.run_secret import RunSecretError
 
     world = init_world()
     try:
         run_experiment(cfg, world, args.resume)
-    except (DataError, CheckpointError) as err:
+    except (DataError, CheckpointError, RunSecretError) as err:
         print(f"error (rank {world.rank}): {err}", file=sys.stderr)
         return 2
     finally:

@@ -185,3 +185,21 @@ def test_preemption_signal_only_sets_a_flag():
         assert flag.agreed(world) == signal.SIGUSR1
     finally:
         flag.restore()
+
+
+def test_latest_follows_deletions_by_resume_none_and_by_discarding_newer_checkpoints(tmp_path):
+    from yatt.checkpoint.checkpointer import Checkpointer
+    from yatt.config import load_experiment
+    from yatt.distributed import World
+
+    cfg = load_experiment("configs/quickstart.yaml", [f"run.output_dir={tmp_path}",
+                                                      f"checkpoint.dir={tmp_path / 'ck'}"])
+    checkpoints = Checkpointer(cfg, World(0, 1, 0, torch.device("cpu")))
+    root = checkpoints.root
+    for step in (2, 4):
+        save(root, step, world_size=1)
+    assert (root / LATEST).read_text().strip() == "step-00000004"
+    checkpoints.discard_newer(2)  # resuming from step 2 abandons step 4
+    assert (root / LATEST).read_text().strip() == "step-00000002"
+    checkpoints.discard_newer(0)  # --resume none: start over
+    assert not (root / LATEST).exists() and not list(root.glob("step-*"))

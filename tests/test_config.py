@@ -137,3 +137,29 @@ def test_a_registered_plugin_is_a_valid_choice(tmp_path, model_dir, monkeypatch)
     TRAINERS.register("mine", "yatt.trainers.torch_trainer:TorchTrainer")
     assert load_experiment(path, ["trainer.backend=mine"]).trainer.backend == "mine"
     assert TRAINERS.get("mine").__name__ == "TorchTrainer"
+
+
+def test_a_model_whose_vocabulary_is_smaller_than_its_tokenizer_is_caught_at_config_check(tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "small-vocab"
+    shutil.copytree(REPO / "models" / "quickstart-policy", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 10  # the character tokenizer has more tokens than that
+    (folder / "config.json").write_text(json.dumps(config))
+    path = write_config(tmp_path, folder, f"run: {{output_dir: {tmp_path / 'runs'}}}\n")
+    with pytest.raises(ConfigError, match=r"model.path: the model's vocab_size \(10.*smaller than its tokenizer's"):
+        check_run(load_experiment(path), 1, str(path))
+
+
+def test_an_unwritable_run_directory_stops_the_launcher_with_one_line_before_engines_start(tmp_path, model_dir):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")  # a run directory under a regular file can never be created, even by root
+    path = write_config(tmp_path, model_dir, f"run: {{output_dir: {blocker / 'runs'}}}\n")
+    proc = subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), "--config", str(path)],
+                          capture_output=True, text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"})
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "run.output_dir: cannot write to" in lines[0] and "Traceback" not in proc.stderr
+    assert not list((tmp_path).glob("**/logs"))  # nothing (no engine) started

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+import msgpack
 import torch
 import zmq
 
@@ -20,6 +21,9 @@ from yatt.transport import (
     encode,
     new_secret,
 )
+
+from yatt.transport import codec
+from yatt.transport.curve import derive_keys, secure_client
 
 SECRET = new_secret()
 
@@ -144,28 +148,142 @@ def test_rpc_calls_errors_and_allow_list(server: RpcServer) -> None:
             client.call("__init__")
         with pytest.raises(RemoteError, match="TypeError"):
             client.call("add", a=1)
-        assert client.call("rpc_stats") == {"rejected": 0, "denied": 2, "served": 6}
+        assert client.call("rpc_stats") == {"rejected": 0, "replayed": 0, "refused_handshakes": 0, "denied": 2,
+                                            "served": 6}
 
 
-def test_unauthenticated_and_garbage_are_rejected_and_server_survives(server: RpcServer) -> None:
+def _raw(ctx: zmq.Context, endpoint: str, secret: bytes | None) -> zmq.Socket:
+    """A bare DEALER: without keys (secret None), or completing the CURVE handshake with `secret`'s keys."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if secret is not None:
+        secure_client(sock, derive_keys(secret))
+    sock.connect(endpoint)
+    return sock
+
+
+def _wait_for(client: RpcClient, key: str, value: int) -> int:
+    deadline = time.monotonic() + 5
+    while (got := client.call("rpc_stats")[key]) < value and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return got
+
+
+def test_peers_without_the_keys_are_refused_at_the_handshake(server: RpcServer) -> None:
     ctx = zmq.Context()
-    raw = ctx.socket(zmq.DEALER)
-    raw.setsockopt(zmq.LINGER, 0)
-    raw.connect(server.endpoint)
     try:
-        forged = encode({"id": 1, "method": "add", "kwargs": {"a": 1, "b": 1}}, new_secret())
+        request = {"id": 1, "method": "add", "kwargs": {"a": 1, "b": 1}, "session": "s", "seq": 1}
+        for secret in (None, new_secret()):  # no CURVE at all; CURVE with another run's keys
+            raw = _raw(ctx, server.endpoint, secret)
+            raw.send_multipart(encode(request, SECRET))  # even a correctly MAC'd message
+            raw.send_multipart([b""] * 10_000)
+            assert raw.poll(300) == 0  # no reply to a peer without the keys
+        with RpcClient(server.endpoint, SECRET, timeout_s=10) as client:
+            assert _wait_for(client, "refused_handshakes", 2) >= 2
+            stats = client.call("rpc_stats")
+            assert stats["served"] == 1 and stats["rejected"] == 0  # nothing of theirs was ever read
+            assert client.call("add", a=1, b=1) == 2
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_authenticated_peers_with_bad_macs_and_garbage_are_rejected_and_server_survives(server: RpcServer) -> None:
+    ctx = zmq.Context()
+    raw = _raw(ctx, server.endpoint, SECRET)
+    try:
+        forged = encode({"id": 1, "method": "add", "kwargs": {"a": 1, "b": 1}, "session": "s", "seq": 1},
+                        new_secret())
         raw.send_multipart(forged)
-        assert raw.poll(500) == 0  # no reply to an unauthenticated peer
+        assert raw.poll(500) == 0  # no reply to an unauthenticated message
         with RpcClient(server.endpoint, SECRET, timeout_s=10) as client:
             assert client.call("rpc_stats")["rejected"] == 1
             raw.send(b"garbage")
             raw.send_multipart([b"\x00" * 32, b"x", b"y"])
-            # The raw socket and the client are separate connections: wait for both rejections.
-            deadline = time.monotonic() + 5
-            while client.call("rpc_stats")["rejected"] < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
+            assert _wait_for(client, "rejected", 3) == 3
             assert client.call("add", a=1, b=1) == 2
-            assert client.call("rpc_stats")["rejected"] == 3
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_too_many_frames_or_bytes_are_refused_before_the_mac() -> None:
+    srv = RpcServer(Handler(), SECRET, max_frames=8, max_message_bytes=1 << 20)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    ctx = zmq.Context()
+    raw = _raw(ctx, srv.endpoint, SECRET)
+    try:
+        with RpcClient(srv.endpoint, SECRET, timeout_s=10) as client:
+            ok = client.envelope("echo", {"x": [torch.zeros(1)] * 7})  # 9 frames with MAC and header
+            raw.send_multipart(encode(ok, SECRET))
+            two = [torch.zeros(150_000), torch.zeros(150_000)]  # 1.2 MB in two frames
+            raw.send_multipart(encode(client.envelope("echo", {"x": two}), SECRET))
+            assert raw.poll(300) == 0  # refused without a reply
+            assert _wait_for(client, "rejected", 2) == 2
+            assert client.call("add", a=1, b=2) == 3
+    finally:
+        ctx.destroy(linger=0)
+        srv.stop()
+        thread.join(5)
+        srv.close()
+
+
+def test_replayed_or_reordered_requests_are_refused_and_counted(server: RpcServer) -> None:
+    ctx = zmq.Context()
+    first, second = _raw(ctx, server.endpoint, SECRET), _raw(ctx, server.endpoint, SECRET)
+    try:
+        with RpcClient(server.endpoint, SECRET, timeout_s=10) as client, \
+                RpcClient(server.endpoint, SECRET, timeout_s=10) as victim:
+            # the victim's messages, as an eavesdropper inside the run's trust boundary would capture them
+            captured = encode(victim.envelope("add", {"a": 20, "b": 22}), SECRET)
+            later = encode(victim.envelope("add", {"a": 1, "b": 1}), SECRET)
+            first.send_multipart(captured)
+            assert first.poll(5000) and decode(first.recv_multipart(), SECRET)["result"] == 42
+            first.send_multipart(captured)  # the same bytes again, same connection
+            second.send_multipart(captured)  # ... and from another socket
+            assert first.poll(300) == 0 and second.poll(300) == 0
+            assert _wait_for(client, "replayed", 2) == 2
+            first.send_multipart(later)  # a newer message still goes through
+            assert first.poll(5000) and decode(first.recv_multipart(), SECRET)["result"] == 2
+            stale = encode({**victim.envelope("add", {"a": 0, "b": 0}), "session": captured_session(captured),
+                            "seq": 1}, SECRET)
+            first.send_multipart(stale)  # reordered: a counter below the last one seen
+            assert first.poll(300) == 0
+            assert _wait_for(client, "replayed", 3) == 3
+            assert client.call("rpc_stats")["rejected"] == 0
+    finally:
+        ctx.destroy(linger=0)
+
+
+def captured_session(frames: list) -> str:
+    return decode(frames, SECRET)["session"]
+
+
+def _forge(header: object, buffers: list[bytes] = ()) -> list[bytes]:
+    """An authentic (correctly MAC'd) message with any header at all: what a buggy or hostile rank could send."""
+    payload = [msgpack.packb(header, use_bin_type=True), *buffers]
+    return [codec._mac(SECRET, payload), *payload]
+
+
+def test_malformed_authentic_messages_are_rejected_counted_and_never_fatal(server: RpcServer) -> None:
+    deep: object = 1
+    for _ in range(600):
+        deep = [deep]
+    envelope = {"id": 7, "method": "echo", "session": "m", "seq": 1}
+    bad = [
+        {**envelope, "kwargs": {"x": deep}},
+        {**envelope, "kwargs": {"x": {"__tensor__": 0, "dtype": "float32", "shape": [2**64 - 1, 0]}}},
+        {**envelope, "kwargs": {"x": {"__tensor__": 0, "dtype": "complex64", "shape": [1]}}},
+        {**envelope, "kwargs": {"x": {"__tensor__": 0, "dtype": "float32", "shape": [1] * 40}}},
+        {**envelope, "kwargs": {"x": {"__tensor__": 0, "dtype": "float32", "shape": [-1]}}},
+    ]
+    ctx = zmq.Context()
+    raw = _raw(ctx, server.endpoint, SECRET)
+    try:
+        for i, header in enumerate(bad):
+            raw.send_multipart(_forge({**header, "session": f"m{i}"}, [b"\0" * 4]))
+        with RpcClient(server.endpoint, SECRET, timeout_s=10) as client:
+            assert _wait_for(client, "rejected", len(bad)) == len(bad)
+            assert client.call("add", a=1, b=1) == 2
     finally:
         ctx.destroy(linger=0)
 
@@ -190,6 +308,6 @@ def test_shutdown_ends_serve_forever() -> None:
     srv.close()
 
 
-def test_server_refuses_non_loopback_host() -> None:
-    with pytest.raises(ValueError):
+def test_a_wildcard_bind_needs_an_address_to_advertise() -> None:
+    with pytest.raises(ValueError, match="advertise"):
         RpcServer(Handler(), SECRET, host="0.0.0.0")

@@ -12,6 +12,7 @@ before anything starts.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -344,10 +345,45 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         missing = [str(f) for f in getattr(data, "files", []) if not f.is_file()]
         if missing:
             raise ConfigError(f"{source}: data.{split}.files: not found: {', '.join(missing)}")
+    for field, folder in folders.items():
+        vocab, tokens = model_vocab(folder), tokenizer_size(folder)
+        if vocab is not None and tokens is not None and vocab < tokens:
+            raise ConfigError(f"{source}: {field}: the model's vocab_size ({vocab}, {folder}/config.json) is smaller "
+                              f"than its tokenizer's {tokens} tokens: token ids past {vocab - 1} cannot be embedded")
+    for field, folder in {"run.output_dir": cfg.run.run_dir,
+                          **({"checkpoint.dir": cfg.checkpoint.dir} if cfg.checkpoint.dir else {})}.items():
+        if problem := unwritable(Path(folder)):
+            raise ConfigError(f"{source}: {field}: cannot write to {folder}: {problem}")
     positions = model_positions(cfg.model.path)
     if positions and cfg.rollout_tokens > positions:
         raise ConfigError(f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "
                           f"(prompt + response tokens) but the model has {positions} positions; lower one of them")
+
+
+def model_vocab(folder: Path) -> int | None:
+    """The model's vocab_size: rows of its embedding (None if its config does not say)."""
+    return json.loads((folder / "config.json").read_text()).get("vocab_size")
+
+
+def tokenizer_size(folder: Path) -> int | None:
+    """Token ids the folder's tokenizer can produce, added tokens included (None without a tokenizer)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return len(AutoTokenizer.from_pretrained(str(folder)))
+    except (OSError, ValueError):
+        return None
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be created in `folder` (made if missing), or None when they can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".yatt-write-check-"):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
 
 
 def model_positions(folder: Path) -> int | None:

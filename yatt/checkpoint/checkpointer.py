@@ -18,8 +18,8 @@ from yatt.checkpoint.fingerprint import config_fingerprint
 from yatt.checkpoint.manifest import CheckpointError
 from yatt.checkpoint.resume import check_compatible, find_resume, load_part
 from yatt.checkpoint.snapshot import Snapshot, snapshot
-from yatt.checkpoint.writer import (CheckpointWriter, SaveJob, complete_checkpoints, remove_dir, remove_stale,
-                                   step_dir_name)
+from yatt.checkpoint.writer import (CheckpointWriter, SaveJob, complete_checkpoints, point_latest, remove_dir,
+                                   remove_stale, step_dir_name)
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
 
@@ -98,6 +98,7 @@ class Checkpointer:
                     print(f"checkpoint: removing {folder.name}, newer than the resume point (step {step})",
                           flush=True)
                     remove_dir(folder)
+            point_latest(self.root)
         self.world.barrier()
 
     def load(self, folder: Path, target: Stateful) -> None:

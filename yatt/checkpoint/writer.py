@@ -157,6 +157,25 @@ class CheckpointWriter:
     def _prune(self) -> None:
         for _, old in complete_checkpoints(self.root)[:-self.keep]:
             remove_dir(old)
+        point_latest(self.root)
+
+
+def point_latest(root: Path) -> None:
+    """After checkpoints were deleted: `latest` names the newest one left, or is removed when none is left,
+    so it never names a folder that no longer exists."""
+    left = complete_checkpoints(root) if root.is_dir() else []
+    if left:
+        if read_latest(root) != left[-1][1].name:
+            write_atomic(root / LATEST, left[-1][1].name + "\n")
+    else:
+        (root / LATEST).unlink(missing_ok=True)
+
+
+def read_latest(root: Path) -> str | None:
+    try:
+        return (root / LATEST).read_text().strip()
+    except OSError:
+        return None
 
 
 def remove_dir(folder: Path) -> None:

@@ -91,10 +91,9 @@ class ControllerShard:
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
         self.schedule = GenerationSchedule(cfg.placement, world.size)
         self.placement = DeviceOwnership({
-            "rollout": HookRole(lambda: [e.sleep() for e in self.engines.rollouts()],
-                                lambda: [e.wake() for e in self.engines.rollouts()]),
-            "genrm": HookRole(lambda: [j.sleep() for j in self.engines.genrm_engines()],
-                              lambda: [j.wake() for j in self.engines.genrm_engines()]),
+            # an engine killed between stages is restarted by these, not fatal (services._each)
+            "rollout": HookRole(lambda: self.engines.sleep(ROLLOUT), lambda: self.engines.wake(ROLLOUT)),
+            "genrm": HookRole(lambda: self.engines.sleep("genrm"), lambda: self.engines.wake("genrm")),
             "train": HookRole(lambda: [t.offload() for t in self._trainers()],
                               lambda: [t.onload() for t in self._trainers()]),
         }, initial_owner="rollout")

@@ -24,6 +24,7 @@ import torch
 import yatt
 from yatt.engines.base import DTYPES, Completion, SamplingSpec, weight_buckets
 from yatt.engines.config import EngineConfig
+from yatt.engines.server import advertised_address
 from yatt.transport.codec import new_secret
 from yatt.transport.rpc import RpcClient
 
@@ -252,6 +253,8 @@ def spawn_engine(
     read. ``extra_env`` is applied last (e.g. CUDA_VISIBLE_DEVICES for placement).
     """
     secret = secret or new_secret()
+    if cfg.advertise is None and (address := advertised_address(cfg.bind, os.environ.get("MASTER_ADDR", "127.0.0.1"))):
+        cfg = cfg.model_copy(update={"advertise": address})  # the child no longer sees torchrun's MASTER_ADDR
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     ready_dir = Path(tempfile.mkdtemp(prefix="yatt-engine-"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from yatt.engines import ENGINES
 
@@ -41,6 +41,27 @@ class EngineConfig(BaseModel):
     weight_bucket_mb: int = Field(
         256, gt=0, description="Max MB of tensors per weight-update message; bounds the extra memory a sync needs."
     )
+
+    bind: str = Field(
+        "127.0.0.1", description="Address the engine's RPC service binds to: 127.0.0.1 (this node only), 0.0.0.0 "
+        "(every interface; engines on other nodes become reachable) or one interface's address. Traffic is "
+        "authenticated and encrypted either way (CurveZMQ with keys from the run secret).")
+    advertise: str | None = Field(
+        None, description="Address other ranks use to reach this engine. None: the bind address, or for 0.0.0.0 "
+        "this node's address on the route to torchrun's MASTER_ADDR (what other nodes already reach).")
+    max_message_mb: int = Field(
+        4096, gt=0, description="Largest request an engine accepts, in MB (all frames together; also the limit "
+        "of one frame, beyond which ZMQ drops the sender). Must exceed weight_bucket_mb and the largest tensor.")
+    max_frames: int = Field(
+        4096, gt=2, description="Most frames in one request (2 + one per tensor); more is refused before its MAC "
+        "is computed.")
+
+    @model_validator(mode="after")
+    def _bucket_fits(self) -> "EngineConfig":
+        if self.weight_bucket_mb >= self.max_message_mb:
+            raise ValueError(f"weight_bucket_mb ({self.weight_bucket_mb}) must be below max_message_mb "
+                             f"({self.max_message_mb}): a weight update would be refused")
+        return self
 
     @field_validator("backend")
     @classmethod

@@ -5,7 +5,7 @@ Reads one JSON spec from stdin (never from argv, which other users can see in ``
     {"model_path": ..., "engine": {EngineConfig, whose backend names the RolloutEngine}, "seed": 0,
      "secret_hex": ..., "ready_file": ...}
 
-builds the engine, serves it over an `RpcServer` on a random loopback port, announces the
+builds the engine, serves it over an `RpcServer` on a random port of ``engine.bind``, announces the
 endpoint by atomically writing ``ready_file`` and exits 0 after the ``shutdown`` RPC.
 """
 
@@ -57,6 +57,13 @@ class EngineService:
 
     # ---- the stepping thread -------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._steps()
+        except BaseException:  # a half-dead engine (process alive, nothing stepping) would hang its callers
+            log.exception("the engine's stepping thread failed; the engine exits so that it is restarted")
+            die(4)
+
+    def _steps(self) -> None:
         while not self._stop.is_set():
             while not self._commands.empty():
                 fn, fut = self._commands.get()
@@ -140,7 +147,15 @@ class EngineService:
                 raise TypeError("named_tensors must be a list of [name, tensor] pairs")
             pairs.append((item[0], item[1]))
         t0 = time.perf_counter()
-        self._on_loop(lambda: self.engine.update_weights(pairs))
+        try:
+            self._on_loop(lambda: self.engine.update_weights(pairs))
+        except BaseException:
+            # A failed load may leave some layers new and some old (vLLM reloads module by module): such an
+            # engine must not serve. The caller gets the error; the engine exits right after replying, and
+            # the controller restarts it with the current weights.
+            log.exception("weight update failed; the engine exits")
+            threading.Timer(0.5, die, args=(5,)).start()
+            raise
         return {"tensors": len(pairs), "seconds": time.perf_counter() - t0}
 
     def sleep(self) -> dict[str, Any]:
@@ -159,9 +174,28 @@ class EngineService:
         self._stop.set()
 
 
+def die(code: int) -> None:
+    """End the process now, from any thread (the RPC thread may be blocked waiting on the dead one)."""
+    logging.shutdown()
+    os._exit(code)
+
+
 def build_engine(spec: dict[str, Any]) -> RolloutEngine:
     cfg = EngineConfig(**spec.get("engine", {}))
     return ENGINES.get(cfg.backend)(str(spec["model_path"]), cfg, int(spec["seed"]))
+
+
+def advertised_address(bind: str, master: str) -> str | None:
+    """The address other nodes reach a wildcard-bound engine at: this node's source address on the route to
+    torchrun's MASTER_ADDR (the one address every node is known to reach); None for a specific bind address."""
+    if bind not in ("0.0.0.0", "::", "*"):
+        return None
+    import socket
+
+    family = socket.AF_INET6 if ":" in master else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((master, 9))  # UDP connect sends nothing; it only picks the route and source address
+        return s.getsockname()[0]
 
 
 def write_ready_file(path: str, endpoint: str) -> None:
@@ -198,7 +232,9 @@ def main() -> int:
         watch_parent(int(spec["parent_pid"]))
     log.info("engine server pid=%d spec=%s", os.getpid(), {k: v for k, v in spec.items()})
     service = EngineService(build_engine(spec))
-    server = RpcServer(service, secret)
+    cfg = EngineConfig(**spec.get("engine", {}))
+    server = RpcServer(service, secret, host=cfg.bind, advertise=cfg.advertise,
+                       max_frames=cfg.max_frames, max_message_bytes=cfg.max_message_mb << 20)
     write_ready_file(spec["ready_file"], server.endpoint)
     log.info("serving on %s", server.endpoint)
     try:

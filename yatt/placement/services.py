@@ -3,8 +3,9 @@
 Each rank starts one rollout engine and one engine per judge on its own device (on GPU the idle
 one sleeps). Endpoints are published through torchrun's key-value store, so any controller can
 reach any engine without configuration. Every engine's secret is derived from one per-run secret
-(made by rank 0 and shared through the same store), so a process outside the run cannot talk to
-the engines, and the engines of one run cannot be confused with another's.
+(`yatt.placement.run_secret`: from the launcher's environment or an owner-only file, never through the
+store, which anyone who reaches the rendezvous port can read), so a process outside the run cannot talk
+to the engines, and the engines of one run cannot be confused with another's.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from typing import Callable
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
 from yatt.engines.base import NamedTensors
-from yatt.engines.client import EngineClient, connect_engine, spawn_engine
+from yatt.engines.client import EngineClient, EngineDied, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import judge_engine
-from yatt.transport.codec import new_secret
+from yatt.placement.run_secret import run_secret
 
 ROLLOUT = "rollout"
 
@@ -45,9 +46,7 @@ class EngineServices:
 
     def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path, spawn: Spawn = spawn_engine):
         self.cfg, self.world, self.run_dir, self.spawn = cfg, world, run_dir, spawn
-        if world.is_main:
-            world.publish("run_secret", new_secret().hex())
-        self.run_secret = bytes.fromhex(world.lookup("run_secret"))
+        self.run_secret = run_secret(world, run_dir)
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
         self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
         rollout_engine = cfg.rollout.engine.model_copy(
@@ -61,6 +60,7 @@ class EngineServices:
         # () -> the policy's weight buckets; set by the shard, pushed into a restarted rollout engine
         self.policy_weights: Callable[[], Iterator[NamedTensors]] | None = None
         self.generation = 0
+        self.restarted_since_heal = 0  # engines push_weights restarted: heal counts them and refreshes endpoints
         for role in self.specs:
             self._start(role)
         self._remote: dict[tuple[str, int], EngineClient] = {}
@@ -89,10 +89,47 @@ class EngineServices:
         return [c for role, c in self.local.items() if role not in self.rollout_roles]
 
     def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
-        """Load the policy's weights into this rank's rollout engines, one bucket at a time."""
+        """Load the policy's weights into this rank's rollout engines, one bucket at a time.
+
+        An engine whose update fails (it exits: a half-loaded engine must not serve) or that died is
+        restarted, and `_start` pushes it the whole current policy; a second failure is the run's error."""
+        failed: set[str] = set()
         for bucket in buckets:
-            for engine in self.rollouts():
-                engine.update_weights(bucket)
+            for role in self.rollout_roles:
+                if role in failed:
+                    continue
+                try:
+                    self.local[role].update_weights(bucket)
+                except Exception as e:
+                    print(f"warning: rank {self.world.rank}: weight update of engine {role} failed "
+                          f"({str(e).splitlines()[0][:200]}); restarting it with the current weights", flush=True)
+                    failed.add(role)
+        for role in failed:
+            self.local[role].close()
+            self._start(role)
+            self.restarted_since_heal += 1
+
+    def sleep(self, kind: str) -> list[dict]:
+        """Offload this rank's `kind` engines (ROLLOUT or "genrm"); one found dead is restarted (and slept)."""
+        return self._each(kind, "sleep")
+
+    def wake(self, kind: str) -> list[dict]:
+        """Onload this rank's `kind` engines; one found dead is restarted, awake, with the current weights."""
+        return self._each(kind, "wake")
+
+    def _each(self, kind: str, method: str) -> list[dict]:
+        roles = self.rollout_roles if kind == ROLLOUT else [r for r in self.local if r not in self.rollout_roles]
+        out = []
+        for role in roles:
+            try:
+                out.append(getattr(self.local[role], method)())
+            except EngineDied as e:  # killed between stages: the run goes on with a fresh one
+                print(f"warning: rank {self.world.rank}: engine {role} died ({str(e).splitlines()[0][:200]}); "
+                      "restarting it", flush=True)
+                self.local[role].close()
+                out.append(getattr(self._start(role), method)())
+                self.restarted_since_heal += 1
+        return out
 
     def heal(self) -> int:
         """Restart this rank's dead engines (called between steps, by every rank); returns how many."""
@@ -100,7 +137,8 @@ class EngineServices:
         for role in dead:
             self.local[role].close()
             self._start(role)
-        restarted = int(self.world.sum([float(len(dead))])[0])
+        restarted = int(self.world.sum([float(len(dead) + self.restarted_since_heal)])[0])
+        self.restarted_since_heal = 0
         if restarted:
             self._remote.clear()  # endpoints changed; look them up again
             self.world.barrier()

@@ -9,6 +9,11 @@ Wire format: ``[mac, header, *buffers]``. ``header`` is msgpack of the message i
 bytes travel as ``buffers[i]`` (zero-copy on send). ``mac`` is HMAC-SHA256 over the frame count
 and every frame (header and buffers), each prefixed by its 8-byte length, so bytes cannot be
 shifted between frames without detection.
+
+Cheap rejection: `decode` refuses a message with too many frames or too many bytes before computing the MAC
+(the MAC's cost is then bounded too), and parses nothing before the MAC matches. An authentic message is
+still checked as untrusted data: nesting depth, tensor rank, dimension sizes and dtype are bounded before
+anything is allocated, and every failure is a `MalformedMessage`, never another exception.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ import torch
 
 TENSOR_KEY = "__tensor__"
 MAC_SIZE = hashlib.sha256().digest_size
+MAX_DEPTH = 32  # nesting of lists/maps in a header: far above any real message, far below the recursion limit
+MAX_NDIM = 16
+MAX_DIM = 2**48
 
 _DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -100,13 +108,15 @@ def encode(msg: dict[str, Any], secret: bytes) -> list[Buffer]:
     return [_mac(secret, payload), *payload]
 
 
-def _restore(obj: Any, buffers: Sequence[memoryview], used: set[int]) -> Any:
+def _restore(obj: Any, buffers: Sequence[memoryview], used: set[int], depth: int = 0) -> Any:
+    if isinstance(obj, (dict, list)) and depth >= MAX_DEPTH:
+        raise MalformedMessage(f"header nested deeper than {MAX_DEPTH} levels")
     if isinstance(obj, dict):
         if TENSOR_KEY in obj:
             return _tensor_from(obj, buffers, used)
-        return {k: _restore(v, buffers, used) for k, v in obj.items()}
+        return {k: _restore(v, buffers, used, depth + 1) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_restore(v, buffers, used) for v in obj]
+        return [_restore(v, buffers, used, depth + 1) for v in obj]
     return obj
 
 
@@ -118,8 +128,9 @@ def _tensor_from(ph: dict[str, Any], buffers: Sequence[memoryview], used: set[in
         raise MalformedMessage(f"bad or reused tensor buffer index {idx!r}")
     if dtype_name not in _DTYPES:
         raise MalformedMessage(f"unknown tensor dtype {dtype_name!r}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise MalformedMessage(f"bad tensor shape {shape!r}")
+    if (not isinstance(shape, list) or len(shape) > MAX_NDIM
+            or not all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)):
+        raise MalformedMessage(f"bad tensor shape {str(shape)[:200]}")
     dtype = _DTYPES[dtype_name]
     itemsize = torch.empty((), dtype=dtype).element_size()
     buf = buffers[idx]
@@ -132,8 +143,23 @@ def _tensor_from(ph: dict[str, Any], buffers: Sequence[memoryview], used: set[in
     return torch.frombuffer(bytearray(buf), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def decode(frames: Sequence[Buffer], secret: bytes) -> dict[str, Any]:
-    """Verify and decode frames made by `encode`; raises AuthenticationError/MalformedMessage."""
+class MessageTooLarge(TransportError):
+    """More frames or bytes than the receiver accepts; refused before the MAC is computed."""
+
+
+def check_size(frames: Sequence[Buffer], max_frames: int | None, max_bytes: int | None) -> None:
+    if max_frames is not None and len(frames) > max_frames:
+        raise MessageTooLarge(f"{len(frames)} frames (at most {max_frames})")
+    if max_bytes is not None:
+        total = sum(memoryview(f).nbytes for f in frames)
+        if total > max_bytes:
+            raise MessageTooLarge(f"{total} bytes (at most {max_bytes})")
+
+
+def decode(frames: Sequence[Buffer], secret: bytes, max_frames: int | None = None,
+           max_bytes: int | None = None) -> dict[str, Any]:
+    """Verify and decode frames made by `encode`; raises MessageTooLarge/AuthenticationError/MalformedMessage."""
+    check_size(frames, max_frames, max_bytes)
     views = [memoryview(f).cast("B") for f in frames]
     if len(views) < 2 or views[0].nbytes != MAC_SIZE:
         raise AuthenticationError("missing MAC or header frame")
@@ -146,7 +172,12 @@ def decode(frames: Sequence[Buffer], secret: bytes) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise MalformedMessage("header is not a map")
     used: set[int] = set()
-    msg = _restore(raw, views[2:], used)
+    try:
+        msg = _restore(raw, views[2:], used)
+    except MalformedMessage:
+        raise
+    except Exception as e:  # e.g. a shape torch refuses: still the sender's fault, never the receiver's crash
+        raise MalformedMessage(f"cannot rebuild the message: {type(e).__name__}: {e}") from None
     if len(used) != len(views) - 2:
         raise MalformedMessage(f"{len(views) - 2 - len(used)} tensor buffers are not referenced")
     return msg

@@ -2,15 +2,24 @@
 
 Why ROUTER/DEALER rather than REQ/REP: REQ sockets enter a broken state when a reply never
 arrives, whereas a DEALER can be thrown away and recreated after a timeout, and a ROUTER server
-survives clients that vanish mid-call. Security model: the server binds to loopback only, every
-message carries an HMAC under a per-pair secret, and only methods the handler lists in
-``RPC_METHODS`` can be called, so a foreign local process can neither run code nor crash it.
+survives clients that vanish mid-call.
+
+Security model, outermost first: a CurveZMQ handshake with keys derived from the pair's secret
+(`yatt.transport.curve`) admits only holders of the secret, so junk from anyone else is dropped by ZMQ
+before a message is read, and each connection has its own session keys; a message is then refused
+without parsing when it has more than ``max_frames`` frames or ``max_message_bytes`` bytes, and
+unless its HMAC (under the same secret) matches; the envelope carries the client socket's random
+session id and a counter that must increase, so a replayed or reordered request is refused and
+counted even from an authenticated peer; only methods the handler lists in ``RPC_METHODS`` can be
+called; and no message, however malformed, ends ``serve_forever``.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
+from collections import OrderedDict
 import threading
 import time
 from collections.abc import Callable
@@ -19,10 +28,15 @@ from typing import Any
 import zmq
 
 from yatt.transport.codec import TransportError, decode, encode
+from yatt.transport.curve import derive_keys, secure_client, secure_server, start_authenticator
 
 log = logging.getLogger(__name__)
 
 BUILTIN_METHODS = frozenset({"rpc_stats", "shutdown"})
+MAX_FRAMES = 4096
+MAX_MESSAGE_BYTES = 1 << 30
+MAX_SESSIONS = 4096  # client sockets remembered for replay checks (oldest forgotten first)
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class RemoteError(Exception):
@@ -30,30 +44,47 @@ class RemoteError(Exception):
 
 
 class RpcServer:
-    """Serve ``handler_object``'s allow-listed methods on a loopback ROUTER socket.
+    """Serve ``handler_object``'s allow-listed methods on a ROUTER socket (loopback unless told otherwise).
 
     The handler declares ``RPC_METHODS: set[str]``; anything else is refused. ``rpc_stats`` and
     ``shutdown`` are built in; ``shutdown`` also calls ``handler.shutdown()`` when the handler
     allows it, replies, and then ends ``serve_forever``.
     """
 
-    def __init__(self, handler_object: Any, secret: bytes, host: str = "127.0.0.1", port: int = 0) -> None:
-        if host not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError(f"RpcServer binds to loopback only, got host={host!r}")
+    def __init__(self, handler_object: Any, secret: bytes, host: str = "127.0.0.1", port: int = 0,
+                 max_frames: int = MAX_FRAMES, max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 advertise: str | None = None) -> None:
+        """`host` is the address to bind (loopback, 0.0.0.0 or one interface's address); `advertise` the
+        address other processes reach it at (default: `host`, which must then not be a wildcard)."""
+        if host in ("0.0.0.0", "::", "*") and not advertise:
+            raise ValueError(f"RpcServer bound to {host!r} needs the address to advertise")
         self.handler = handler_object
         self.allowed: frozenset[str] = frozenset(getattr(handler_object, "RPC_METHODS", ()))
         self._secret = secret
+        self.max_frames, self.max_message_bytes = max_frames, max_message_bytes
         self._ctx = zmq.Context()
+        keys = derive_keys(secret)
+        self._auth, self._key_check = start_authenticator(self._ctx, keys)
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 1000)
+        secure_server(self._sock, keys)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # per frame: ZMQ drops the peer beyond it
+        self._monitor = self._sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        bind_host = f"[{host}]" if ":" in host else host
         if port == 0:
-            port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+            port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
         else:
-            self._sock.bind(f"tcp://127.0.0.1:{port}")
-        self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.rejected = 0  # messages that failed authentication or were malformed
+            self._sock.bind(f"tcp://{bind_host}:{port}")
+        shown = advertise or host
+        self.endpoint = f"tcp://{f'[{shown}]' if ':' in shown else shown}:{port}"
+        self.rejected = 0  # messages refused: too large, failed authentication, or malformed
+        self.replayed = 0  # authentic messages refused as replayed or reordered (a counter that did not increase)
+        self.refused_handshakes = 0  # connections ZMQ dropped at the CURVE handshake (no key, wrong key, junk)
         self.denied = 0  # authentic calls to methods outside the allow-list
         self.served = 0
+        self._sessions: OrderedDict[str, tuple[bytes, int]] = OrderedDict()  # session -> (routing id, last seq)
         self._stop = threading.Event()
         self._closed = False
 
@@ -62,17 +93,27 @@ class RpcServer:
         self._stop.set()
 
     def rpc_stats(self) -> dict[str, int]:
-        return {"rejected": self.rejected, "denied": self.denied, "served": self.served}
+        return {"rejected": self.rejected, "replayed": self.replayed, "refused_handshakes": self.refused_handshakes,
+                "denied": self.denied, "served": self.served}
 
     def serve_forever(self, poll_ms: int = 100) -> None:
         """Handle requests until ``shutdown`` is called or ``stop()`` is set."""
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while not self._stop.is_set():
-            if not poller.poll(poll_ms):
+            ready = dict(poller.poll(poll_ms))
+            if self._monitor in ready:
+                self._monitor.recv_multipart()
+                self.refused_handshakes += 1
+            if self._sock not in ready:
                 continue
             frames = self._sock.recv_multipart(copy=False)
-            self._handle([f.buffer for f in frames])
+            try:
+                self._handle([f.buffer for f in frames])
+            except Exception as e:  # whatever a message does, the server keeps serving
+                log.exception("rpc: message handling failed")
+                self._reject(f"{type(e).__name__}: {e}")
 
     def _handle(self, frames: list[memoryview]) -> None:
         if len(frames) < 2:
@@ -80,15 +121,19 @@ class RpcServer:
             return
         ident = frames[0].tobytes()
         try:
-            req = decode(frames[1:], self._secret)
+            req = decode(frames[1:], self._secret, self.max_frames, self.max_message_bytes)
         except TransportError as e:
             self._reject(f"{type(e).__name__}: {e}")
             return  # no reply: an unauthenticated peer learns nothing
         rid, method, kwargs = req.get("id"), req.get("method"), req.get("kwargs", {})
-        if type(rid) is not int or not isinstance(method, str) or not isinstance(kwargs, dict):
-            self._reject("request envelope must be {id: int, method: str, kwargs: dict}")
+        session, seq = req.get("session"), req.get("seq")
+        if (type(rid) is not int or not isinstance(method, str) or not isinstance(kwargs, dict)
+                or not isinstance(session, str) or type(seq) is not int):
+            self._reject("request envelope must be {id: int, method: str, kwargs: dict, session: str, seq: int}")
             if type(rid) is int:
                 self._reply(ident, {"id": rid, "ok": False, "error": "MalformedMessage: bad envelope"})
+            return
+        if not self._fresh(session, seq, ident):
             return
         try:
             result = self._dispatch(method, kwargs)
@@ -105,6 +150,21 @@ class RpcServer:
             self._reply(ident, {"id": rid, "ok": False, "error": f"{type(e).__name__}: {e}"})
         if method == "shutdown":
             self._stop.set()
+
+    def _fresh(self, session: str, seq: int, ident: bytes) -> bool:
+        """A session belongs to the connection that first used it, and its counter only increases (one
+        connection's messages arrive in order), so a copy sent again, from any socket, is refused."""
+        seen = self._sessions.get(session)
+        if seen is not None and (seen[0] != ident or seq <= seen[1]):
+            self.replayed += 1
+            log.warning("rpc: refused a replayed or reordered message (session %s, seq %d); %d so far",
+                        session[:8], seq, self.replayed)
+            return False
+        self._sessions[session] = (ident, seq)
+        self._sessions.move_to_end(session)
+        if len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+        return True
 
     def _dispatch(self, method: str, kwargs: dict[str, Any]) -> Any:
         if method == "rpc_stats":
@@ -127,7 +187,10 @@ class RpcServer:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._sock.disable_monitor()
+            self._monitor.close(linger=0)
             self._sock.close()
+            self._auth.stop()
             self._ctx.term()
 
 
@@ -150,6 +213,7 @@ class RpcClient:
         self.timeout_s = timeout_s
         self.liveness = liveness
         self._secret = secret
+        self._keys = derive_keys(secret)
         self._ctx = zmq.Context()
         self._ids = itertools.count(1)
         self._sock: zmq.Socket | None = None
@@ -160,16 +224,24 @@ class RpcClient:
             self._sock.close(linger=0)
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        secure_client(self._sock, self._keys)
         self._sock.connect(self.endpoint)
+        # A new session per socket: the server ties it to this connection and wants `seq` to increase.
+        self._session, self._seq = os.urandom(16).hex(), itertools.count(1)
+
+    def envelope(self, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {"id": next(self._ids), "method": method, "kwargs": kwargs, "session": self._session,
+                "seq": next(self._seq)}
 
     def call(self, method: str, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Call ``method(**kwargs)`` remotely; raises RemoteError, TimeoutError or TransportError."""
         if self._sock is None:
             raise RuntimeError("RpcClient is closed")
-        rid = next(self._ids)
+        request = self.envelope(method, kwargs)
+        rid = request["id"]
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        self._sock.send_multipart(encode({"id": rid, "method": method, "kwargs": kwargs}, self._secret), copy=False)
+        self._sock.send_multipart(encode(request, self._secret), copy=False)
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:
