@@ -37,9 +37,37 @@ class ModelConfig(Section):
     path: Path = Field(description="Local Hugging Face model folder (config.json, weights, tokenizer).")
 
 
-class JsonlSource(Section):
-    kind: Literal["jsonl"] = "jsonl"
-    files: list[Path] = Field(min_length=1, description="JSONL files; one prompt per line (see yatt.data.jsonl).")
+class FileSource(Section):
+    """Prompts from local files: yatt's JSONL format, or any JSON/JSONL/Parquet whose columns are mapped."""
+
+    kind: Literal["jsonl", "json", "parquet"] = Field(
+        "jsonl", description="jsonl: one JSON object per line; json: one array of objects; parquet: a table.")
+    files: list[Path] = Field(min_length=1, description="The files, read in order (see yatt.data.jsonl/files).")
+    prompt_key: str = Field("prompt", description="Column with the prompt text (tokenized as is).")
+    messages_key: str | None = Field("messages", description="Column with chat messages [{role, content}] "
+                                     "(rendered with the tokenizer's chat template); a row has exactly one of the "
+                                     "prompt and messages columns set. null: no chat column.")
+    answer_key: str | None = Field("answer", description="Column with the reference answer for the verifier.")
+    data_source: str | None = Field(None, description="Verifier for every row (e.g. last_number, "
+                                    "reasoning_gym/<dataset>); null: each row's data_source column, else exact_match.")
+    extra_columns: Literal["error", "ignore", "metadata"] = Field(
+        "error", description="Columns not mapped: error (catches typos), ignore, or metadata (passed to the verifier).")
+
+    @model_validator(mode="after")
+    def _distinct_keys(self) -> "FileSource":
+        keys = [k for k in (self.prompt_key, self.messages_key, self.answer_key) if k is not None]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"prompt_key, messages_key and answer_key must name different columns, got {keys}")
+        return self
+
+    @property
+    def columns(self):
+        from yatt.data.records import Columns  # the data package imports nothing from the config
+
+        return Columns(self.prompt_key, self.messages_key, self.answer_key, self.data_source, self.extra_columns)
+
+
+JsonlSource = FileSource  # the name before JSON and Parquet files were readable
 
 
 class GymSource(Section):
@@ -48,9 +76,23 @@ class GymSource(Section):
     size: int = Field(10_000, gt=0, description="Number of procedurally generated prompts.")
     seed: int = Field(0, description="Generator seed; use different seeds for the train and eval splits.")
     options: dict = Field(default_factory=dict, description="Extra keyword arguments of the generator.")
+    chat: bool = Field(False, description="Give the question as a chat (system prompt + user message) through the "
+                       "tokenizer's chat template, for instruct models; false: the raw question text.")
+    system_prompt: str | None = Field(
+        "You are a helpful assistant. Solve the problem and give only the final answer.",
+        description="chat: the system message (null: none).")
+    instruction: str = Field("{question}", description="chat: the user message; {question} is the question, e.g. "
+                             "\"{question}\\nReply with only the answer.\"")
+
+    @field_validator("instruction")
+    @classmethod
+    def _has_question(cls, value: str) -> str:
+        if "{question}" not in value:
+            raise ValueError("instruction must contain {question}")
+        return value
 
 
-DataSource = Annotated[Union[JsonlSource, GymSource], Field(discriminator="kind")]
+DataSource = Annotated[Union[FileSource, GymSource], Field(discriminator="kind")]
 
 
 class DataConfig(Section):

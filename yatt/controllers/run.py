@@ -7,6 +7,7 @@ import signal
 import time
 
 import torch
+from transformers import AutoTokenizer
 
 from yatt.checkpoint.checkpointer import Checkpointer, PreemptionFlag
 from yatt.config import ExperimentConfig
@@ -14,6 +15,7 @@ from yatt.config_loading import dump_config
 from yatt.controllers.components import build_components
 from yatt.controllers.metrics import MetricsLogger, keep_metrics_until
 from yatt.controllers.shard import ControllerShard
+from yatt.data.prepare import load_rank_data
 from yatt.distributed import World
 
 
@@ -59,7 +61,9 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
     wall_start = time.perf_counter()
     if world.is_main:
         print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
-    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir))
+    # the data is read and every prompt tokenized before any engine starts: a bad row stops the run here
+    data = load_rank_data(cfg, world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
+    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data)
     if found:
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained
