@@ -11,6 +11,7 @@ before anything starts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -263,6 +264,17 @@ class CheckpointConfig(Section):
                                                                "after each file written, to widen the crash window.")
 
 
+class WandbConfig(Section):
+    """Weights & Biases logging (needs `pip install 'yatt[wandb]'`); rank 0 logs every step's metrics."""
+
+    enabled: bool = Field(False, description="Log to wandb as well as metrics.jsonl.")
+    project: str = Field("yatt", description="wandb project.")
+    entity: str | None = Field(None, description="wandb entity (team or user); null: your default.")
+    name: str | None = Field(None, description="Run name in wandb; null: run.name.")
+    mode: Literal["online", "offline"] = Field("offline", description="offline: write under the run directory "
+                                               "and upload later with `wandb sync` (no network needed).")
+
+
 class RunConfig(Section):
     name: str = "run"
     output_dir: Path = Field(Path("runs"), description="The run directory is output_dir/name.")
@@ -271,6 +283,11 @@ class RunConfig(Section):
     seed: int = 0
     threads: int = Field(1, gt=0, description="Compute threads per process (1 on small CPU boxes).")
     export_policy: bool = Field(True, description="Write the final policy as an HF folder in the run dir.")
+    tensorboard: bool | None = Field(None, description="TensorBoard event files in run_dir/tensorboard; null: "
+                                     "when the tensorboard package is installed, true: required.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    samples: int = Field(8, ge=0, description="At each eval, write this many held-out responses and this many of "
+                         "the step's training rollouts (rewards, judge scores) to samples.jsonl; 0: none.")
 
     @property
     def run_dir(self) -> Path:
@@ -341,6 +358,14 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         missing = [str(f) for f in getattr(data, "files", []) if not f.is_file()]
         if missing:
             raise ConfigError(f"{source}: data.{split}.files: not found: {', '.join(missing)}")
+    missing = [(setting, package, extra) for setting, package, extra, wanted in (
+        ("run.tensorboard=true", "tensorboard", "watch", cfg.run.tensorboard is True),
+        ("run.wandb.enabled=true", "wandb", "wandb", cfg.run.wandb.enabled),
+        ("a parquet data source", "pyarrow", "data", "parquet" in (getattr(cfg.data.train, "kind", ""),
+                                                                  getattr(cfg.data.eval, "kind", "")))) if wanted
+        and importlib.util.find_spec(package) is None]
+    for setting, package, extra in missing:
+        raise ConfigError(f"{source}: {setting} needs the {package} package: pip install 'yatt[{extra}]'")
     positions = model_positions(cfg.model.path)
     if positions and cfg.rollout_tokens > positions:
         raise ConfigError(f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "

@@ -69,7 +69,8 @@ class ControllerShard:
         data = data or load_rank_data(cfg, world, self.tokenizer)
         self.train_stream = PromptStream(data.train, seed=cfg.run.seed * 1009 + world.rank, shuffle=cfg.data.shuffle)
         self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids
-        self.last_eval: list[Rollout] = []  # the latest evaluation's rollouts (a run writes samples of them)
+        self.last_eval: list[Rollout] = []  # the latest evaluation's and step's rollouts (for samples.jsonl)
+        self.last_rollouts: list[Rollout] = []
         bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20
         self.policy_weights = lambda: self.trainer.engine_weights(bucket_bytes)
         self.engines.policy_weights = self.policy_weights
@@ -103,6 +104,7 @@ class ControllerShard:
         busy_before = self.engines.busy_seconds()
         self._rounds: list[GenerationStats] = []
         rollouts, sampling_metrics = self._generate_and_reward(step, timer)
+        self.last_rollouts = rollouts  # this rank's scored rollouts (samples.jsonl shows some)
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
                 self.world.barrier()
