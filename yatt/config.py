@@ -77,6 +77,8 @@ class GymSource(Section):
     size: int = Field(10_000, gt=0, description="Number of procedurally generated prompts.")
     seed: int = Field(0, description="Generator seed; use different seeds for the train and eval splits.")
     options: dict = Field(default_factory=dict, description="Extra keyword arguments of the generator.")
+    data_source: str | None = Field(None, description="Verifier instead of the dataset's own reasoning-gym scorer, "
+                                    "e.g. last_number for a model that answers in a sentence; null: the scorer.")
     chat: bool = Field(False, description="Give the question as a chat (system prompt + user message) through the "
                        "tokenizer's chat template, for instruct models; false: the raw question text.")
     system_prompt: str | None = Field(

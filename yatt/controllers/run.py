@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import time
 
@@ -94,6 +95,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
             step_start = time.perf_counter()
             metrics = shard.step(step)
             metrics["time/step_s"] = time.perf_counter() - step_start
+            # peak resident memory of a controller+trainer process (engines are separate processes)
+            metrics["perf/peak_rss_gib"] = world.max([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])[0]
             if step == cfg.run.steps or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
                 end_eval = evaluate(step)
                 metrics.update(end_eval)

@@ -15,10 +15,11 @@ def chat_messages(question: str, system_prompt: str | None, instruction: str) ->
 
 def read_gym_shard(dataset: str, size: int, seed: int, options: dict, rank: int, world_size: int,
                    limit: int | None = None, chat: bool = False, system_prompt: str | None = None,
-                   instruction: str = "{question}") -> list[PromptRow]:
+                   instruction: str = "{question}", data_source: str | None = None) -> list[PromptRow]:
     """Generate only this rank's items: reasoning-gym builds item i from (seed, i) on demand.
 
-    chat: the row holds messages (rendered by the tokenizer's chat template) instead of the raw question."""
+    chat: the row holds messages (rendered by the tokenizer's chat template) instead of the raw question;
+    data_source: the verifier (default: reasoning-gym's own scorer for the dataset)."""
     import reasoning_gym
 
     gym = reasoning_gym.create_dataset(dataset, size=size, seed=seed, **options)
@@ -28,6 +29,6 @@ def read_gym_shard(dataset: str, size: int, seed: int, options: dict, rank: int,
         item = gym[i]
         messages = chat_messages(item["question"], system_prompt, instruction) if chat else None
         rows.append(PromptRow(index=i, prompt=None if chat else item["question"], messages=messages,
-                              answer=str(item["answer"]), data_source=GYM_PREFIX + dataset, metadata=item["metadata"],
+                              answer=str(item["answer"]), data_source=data_source or GYM_PREFIX + dataset, metadata=item["metadata"],
                               origin=f"{GYM_PREFIX}{dataset} item {i} (seed {seed})"))
     return rows

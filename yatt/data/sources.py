@@ -16,7 +16,8 @@ def load_shard(source: DataSource, rank: int, world_size: int, limit: int | None
         return FILE_READERS[source.kind](source.files, rank, world_size, limit, source.columns)
     if isinstance(source, GymSource):
         return read_gym_shard(source.dataset, source.size, source.seed, source.options, rank, world_size, limit,
-                              chat=source.chat, system_prompt=source.system_prompt, instruction=source.instruction)
+                              chat=source.chat, system_prompt=source.system_prompt, instruction=source.instruction,
+                              data_source=source.data_source)
     raise TypeError(f"unknown data source {source!r}")
 
 
