@@ -89,3 +89,15 @@ def test_mapping_errors_at_config_load(tmp_path):
                     "answer_key: q}\n")
     with pytest.raises(ConfigError, match="must name different columns"):
         load_config(ExperimentConfig, path)
+
+
+def test_answer_regex_takes_the_final_answer(tmp_path):
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "3 + 4 = <<3+4=7>>7 apples\n#### 7"}) + "\n"
+                    + json.dumps({"question": "q2", "answer": "no marker"}) + "\n")
+    src = source("jsonl", [path], prompt_key="question", answer_regex=r"####\s*(.+)$", data_source="last_number")
+    assert load_shard(src, 0, 2)[0].answer == "7"
+    with pytest.raises(DataError, match=rf"{path}:2: answer_regex .* does not match 'answer'"):
+        load_shard(src, 1, 2)
+    with pytest.raises(ValueError, match="needs a group"):
+        source("jsonl", [path], answer_regex="####")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -53,6 +54,21 @@ class FileSource(Section):
                                     "reasoning_gym/<dataset>); null: each row's data_source column, else exact_match.")
     extra_columns: Literal["error", "ignore", "metadata"] = Field(
         "error", description="Columns not mapped: error (catches typos), ignore, or metadata (passed to the verifier).")
+    answer_regex: str | None = Field(None, description="Take the reference answer from the answer column with this "
+                                     "regex's first group, e.g. '####\\s*(.+)$' for GSM8K; a row it does not "
+                                     "match is an error naming the row. null: the whole column.")
+
+    @field_validator("answer_regex")
+    @classmethod
+    def _one_group(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                groups = re.compile(value).groups
+            except re.error as err:
+                raise ValueError(f"answer_regex is not a valid regular expression: {err}") from None
+            if groups < 1:
+                raise ValueError("answer_regex needs a group ( ... ) around the answer")
+        return value
 
     @model_validator(mode="after")
     def _distinct_keys(self) -> "FileSource":
@@ -65,7 +81,8 @@ class FileSource(Section):
     def columns(self):
         from yatt.data.records import Columns  # the data package imports nothing from the config
 
-        return Columns(self.prompt_key, self.messages_key, self.answer_key, self.data_source, self.extra_columns)
+        return Columns(self.prompt_key, self.messages_key, self.answer_key, self.data_source, self.extra_columns,
+                       self.answer_regex)
 
 
 JsonlSource = FileSource  # the name before JSON and Parquet files were readable

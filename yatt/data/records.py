@@ -7,6 +7,7 @@ is read by naming its columns instead of rewriting the file.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,6 +26,7 @@ class Columns:
     answer_key: str | None = "answer"
     data_source: str | None = None  # one verifier for every row; None: the row's own data_source column
     extra_columns: Literal["error", "ignore", "metadata"] = "error"
+    answer_regex: str | None = None  # the reference is this regex's first group in the answer column
 
     @property
     def known(self) -> set[str]:
@@ -66,6 +68,12 @@ def row_from_record(record, index: int, where: str, columns: Columns = Columns()
     answer = record.get(c.answer_key) if c.answer_key else None
     if answer is not None and (isinstance(answer, bool) or not isinstance(answer, (str, int, float))):
         raise DataError(f"{where}: '{c.answer_key}' must be a string or number")
+    if answer is not None and c.answer_regex is not None:
+        found = re.search(c.answer_regex, str(answer), flags=re.MULTILINE)
+        if found is None:
+            raise DataError(f"{where}: answer_regex {c.answer_regex!r} does not match '{c.answer_key}' "
+                            f"({str(answer)[-60:]!r})")
+        answer = found.group(1).strip()
     source = c.data_source or record.get("data_source") or DEFAULT_SOURCE
     if not isinstance(source, str):
         raise DataError(f"{where}: 'data_source' must be a string")
