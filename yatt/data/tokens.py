@@ -15,7 +15,7 @@ from yatt.data.errors import DataError
 
 def flat_ids(encoded, where: str) -> list[int]:
     """A flat list of ints from a list, a (1, n) nested list, a tensor/array, or a mapping with input_ids."""
-    if isinstance(encoded, Mapping) or hasattr(encoded, "data") and hasattr(encoded, "keys"):
+    if isinstance(encoded, Mapping):  # BatchEncoding is a Mapping
         if "input_ids" not in encoded:
             raise DataError(f"{where}: the tokenizer returned a mapping without 'input_ids' ({sorted(encoded)})")
         encoded = encoded["input_ids"]
