@@ -1,4 +1,5 @@
-"""Supervised fine-tuning of a tiny yatt model, stopped on a held-out accuracy threshold.
+"""Supervised fine-tuning of a tiny yatt model or any Hugging Face causal LM (init_from), stopped on a held-out
+accuracy threshold (yatt.quickstart.sft).
 
     python launch/sft.py --config configs/sft_quickstart.yaml [key.sub=value ...] [--force]
 """
@@ -12,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 import torch  # noqa: E402
 
 from yatt.config_loading import ConfigError, load_config  # noqa: E402
+from yatt.data.errors import DataError  # noqa: E402
 from yatt.quickstart.sft import SFTConfig, run_sft  # noqa: E402
 
 
@@ -30,7 +32,11 @@ def main(argv=None) -> int:
         print(f"sft: {cfg.output_dir} already exists; skipping (pass --force to train again)")
         return 0
     torch.set_num_threads(1)
-    run_sft(cfg)
+    try:
+        run_sft(cfg)
+    except DataError as err:  # a bad row or file: one line naming it
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from yatt.config import check_run, load_experiment  # noqa: E402
 from yatt.config_loading import ConfigError  # noqa: E402
-from yatt.data.jsonl import DataError  # noqa: E402
+from yatt.data.errors import DataError  # noqa: E402
 from yatt.distributed import close_world, env_rank, init_world  # noqa: E402
 
 
@@ -47,7 +47,8 @@ def main() -> int:
     try:
         run_experiment(cfg, world, args.resume)
     except (DataError, CheckpointError, RunSecretError) as err:
-        print(f"error (rank {world.rank}): {err}", file=sys.stderr)
+        if not getattr(err, "quiet", False):  # a quiet DataError: another rank printed the reason
+            print(f"error (rank {world.rank}): {err}", file=sys.stderr)
         return 2
     finally:
         close_world()

@@ -83,3 +83,24 @@ def test_vllm_serves_the_exported_policy(run, tmp_path):
     token = completion.token_ids[0]
     assert token == int(expected.argmax())
     assert abs(completion.logprobs[0] - float(expected[token])) < 1e-4
+
+
+def test_run_can_be_watched(run):
+    """TensorBoard events next to metrics.jsonl, samples.jsonl at each eval, the plot, eval/score."""
+    _, run_dir, _ = run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [0, 2, 3]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for r in (records[0], records[2], records[3]):
+        assert 0.0 <= r["eval/accuracy"] <= r["eval/score"] <= 1.0  # full scores are a subset of the score
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert sorted({(s["step"], s["split"]) for s in samples}) == [(0, "eval"), (2, "eval"), (2, "train"),
+                                                                  (3, "eval"), (3, "train")]
+    train = [s for s in samples if s["split"] == "train"]
+    assert all(len(s["responses"]) == 8 and "reward" in s["responses"][0] for s in train)
+    from yatt.plot import plot_run
+    assert plot_run(run_dir, run_dir / "curves.png").stat().st_size > 10_000

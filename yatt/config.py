@@ -11,7 +11,9 @@ before anything starts.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -40,9 +42,53 @@ class ModelConfig(Section):
     path: Path = Field(description="Local Hugging Face model folder (config.json, weights, tokenizer).")
 
 
-class JsonlSource(Section):
-    kind: Literal["jsonl"] = "jsonl"
-    files: list[Path] = Field(min_length=1, description="JSONL files; one prompt per line (see yatt.data.jsonl).")
+class FileSource(Section):
+    """Prompts from local files: yatt's JSONL format, or any JSON/JSONL/Parquet whose columns are mapped."""
+
+    kind: Literal["jsonl", "json", "parquet"] = Field(
+        "jsonl", description="jsonl: one JSON object per line; json: one array of objects; parquet: a table.")
+    files: list[Path] = Field(min_length=1, description="The files, read in order (see yatt.data.jsonl/files).")
+    prompt_key: str = Field("prompt", description="Column with the prompt text (tokenized as is).")
+    messages_key: str | None = Field("messages", description="Column with chat messages [{role, content}] "
+                                     "(rendered with the tokenizer's chat template); a row has exactly one of the "
+                                     "prompt and messages columns set. null: no chat column.")
+    answer_key: str | None = Field("answer", description="Column with the reference answer for the verifier.")
+    data_source: str | None = Field(None, description="Verifier for every row (e.g. last_number, "
+                                    "reasoning_gym/<dataset>); null: each row's data_source column, else exact_match.")
+    extra_columns: Literal["error", "ignore", "metadata"] = Field(
+        "error", description="Columns not mapped: error (catches typos), ignore, or metadata (passed to the verifier).")
+    answer_regex: str | None = Field(None, description="Take the reference answer from the answer column with this "
+                                     "regex's first group, e.g. '####\\s*(.+)$' for GSM8K; a row it does not "
+                                     "match is an error naming the row. null: the whole column.")
+
+    @field_validator("answer_regex")
+    @classmethod
+    def _one_group(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                groups = re.compile(value).groups
+            except re.error as err:
+                raise ValueError(f"answer_regex is not a valid regular expression: {err}") from None
+            if groups < 1:
+                raise ValueError("answer_regex needs a group ( ... ) around the answer")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct_keys(self) -> "FileSource":
+        keys = [k for k in (self.prompt_key, self.messages_key, self.answer_key) if k is not None]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"prompt_key, messages_key and answer_key must name different columns, got {keys}")
+        return self
+
+    @property
+    def columns(self):
+        from yatt.data.records import Columns  # the data package imports nothing from the config
+
+        return Columns(self.prompt_key, self.messages_key, self.answer_key, self.data_source, self.extra_columns,
+                       self.answer_regex)
+
+
+JsonlSource = FileSource  # the name before JSON and Parquet files were readable
 
 
 class GymSource(Section):
@@ -51,9 +97,25 @@ class GymSource(Section):
     size: int = Field(10_000, gt=0, description="Number of procedurally generated prompts.")
     seed: int = Field(0, description="Generator seed; use different seeds for the train and eval splits.")
     options: dict = Field(default_factory=dict, description="Extra keyword arguments of the generator.")
+    data_source: str | None = Field(None, description="Verifier instead of the dataset's own reasoning-gym scorer, "
+                                    "e.g. last_number for a model that answers in a sentence; null: the scorer.")
+    chat: bool = Field(False, description="Give the question as a chat (system prompt + user message) through the "
+                       "tokenizer's chat template, for instruct models; false: the raw question text.")
+    system_prompt: str | None = Field(
+        "You are a helpful assistant. Solve the problem and give only the final answer.",
+        description="chat: the system message (null: none).")
+    instruction: str = Field("{question}", description="chat: the user message; {question} is the question, e.g. "
+                             "\"{question}\\nReply with only the answer.\"")
+
+    @field_validator("instruction")
+    @classmethod
+    def _has_question(cls, value: str) -> str:
+        if "{question}" not in value:
+            raise ValueError("instruction must contain {question}")
+        return value
 
 
-DataSource = Annotated[Union[JsonlSource, GymSource], Field(discriminator="kind")]
+DataSource = Annotated[Union[FileSource, GymSource], Field(discriminator="kind")]
 
 
 class DataConfig(Section):
@@ -259,6 +321,17 @@ class CheckpointConfig(Section):
                                                                "after each file written, to widen the crash window.")
 
 
+class WandbConfig(Section):
+    """Weights & Biases logging (needs `pip install 'yatt[wandb]'`); rank 0 logs every step's metrics."""
+
+    enabled: bool = Field(False, description="Log to wandb as well as metrics.jsonl.")
+    project: str = Field("yatt", description="wandb project.")
+    entity: str | None = Field(None, description="wandb entity (team or user); null: your default.")
+    name: str | None = Field(None, description="Run name in wandb; null: run.name.")
+    mode: Literal["online", "offline"] = Field("offline", description="offline: write under the run directory "
+                                               "and upload later with `wandb sync` (no network needed).")
+
+
 class RunConfig(Section):
     name: str = "run"
     output_dir: Path = Field(Path("runs"), description="The run directory is output_dir/name.")
@@ -267,6 +340,11 @@ class RunConfig(Section):
     seed: int = 0
     threads: int = Field(1, gt=0, description="Compute threads per process (1 on small CPU boxes).")
     export_policy: bool = Field(True, description="Write the final policy as an HF folder in the run dir.")
+    tensorboard: bool | None = Field(None, description="TensorBoard event files in run_dir/tensorboard; null: "
+                                     "when the tensorboard package is installed, true: required.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    samples: int = Field(8, ge=0, description="At each eval, write this many held-out responses and this many of "
+                         "the step's training rollouts (rewards, judge scores) to samples.jsonl; 0: none.")
 
     @property
     def run_dir(self) -> Path:
@@ -354,6 +432,14 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
                           **({"checkpoint.dir": cfg.checkpoint.dir} if cfg.checkpoint.dir else {})}.items():
         if problem := unwritable(Path(folder)):
             raise ConfigError(f"{source}: {field}: cannot write to {folder}: {problem}")
+    missing = [(setting, package, extra) for setting, package, extra, wanted in (
+        ("run.tensorboard=true", "tensorboard", "watch", cfg.run.tensorboard is True),
+        ("run.wandb.enabled=true", "wandb", "wandb", cfg.run.wandb.enabled),
+        ("a parquet data source", "pyarrow", "data", "parquet" in (getattr(cfg.data.train, "kind", ""),
+                                                                  getattr(cfg.data.eval, "kind", "")))) if wanted
+        and importlib.util.find_spec(package) is None]
+    for setting, package, extra in missing:
+        raise ConfigError(f"{source}: {setting} needs the {package} package: pip install 'yatt[{extra}]'")
     positions = model_positions(cfg.model.path)
     if positions and cfg.rollout_tokens > positions:
         raise ConfigError(f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "

@@ -18,8 +18,9 @@ def _duration(seconds: float) -> str:
 class MetricsLogger:
     """Written by rank 0 only; other ranks hold a disabled logger so callers need no rank checks."""
 
-    def __init__(self, path: Path, total_steps: int, enabled: bool):
-        self.path, self.total_steps, self.enabled = path, total_steps, enabled
+    def __init__(self, path: Path, total_steps: int, enabled: bool, sinks: list = ()):
+        """`sinks`: more places every record goes (TensorBoard, wandb; yatt.controllers.watch)."""
+        self.path, self.total_steps, self.enabled, self.sinks = path, total_steps, enabled, list(sinks)
         self.start = time.perf_counter()
         self._file = open(path, "a", encoding="utf-8") if enabled else None
 
@@ -30,6 +31,8 @@ class MetricsLogger:
         record = {"step": step, "elapsed_s": round(elapsed, 3), **metrics}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
+        for sink in self.sinks:
+            sink.log(step, {k: v for k, v in record.items() if k != "step"})
         print(self.console_line(step, metrics, elapsed), flush=True)
 
     def console_line(self, step: int, m: dict[str, float], elapsed: float) -> str:
@@ -37,7 +40,8 @@ class MetricsLogger:
         if "reward/mean" in m:
             parts.append(f"reward {m['reward/mean']:.3f}")
         if "eval/accuracy" in m:
-            parts.append(f"eval acc {m['eval/accuracy']:.3f}")
+            parts.append(f"eval acc {m['eval/accuracy']:.3f}" + (f" score {m['eval/score']:.3f}"
+                                                                 if "eval/score" in m else ""))
         if "response/length_mean" in m:
             parts.append(f"len {m['response/length_mean']:.1f}")
             parts.append(f"ent {m['actor/entropy']:.3f} clip {m['actor/clip_frac']:.3f} "
@@ -51,6 +55,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self._file:
             self._file.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 def keep_metrics_until(path: Path, step: int) -> list[dict]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from yatt.data.jsonl import DataError
 from yatt.data.rollout import Rollout
+from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec
 from yatt.engines.client import EngineClient
@@ -19,17 +19,6 @@ def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> in
     key = f"{run_seed}:{step}:{row_index}" + (f":{round_}" if round_ else "")
     digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
-
-
-def encode_prompts(rows: list[PromptRow], tokenizer, max_prompt_tokens: int) -> list[list[int]]:
-    encoded = []
-    for row in rows:
-        ids = row.prompt_ids(tokenizer)
-        if len(ids) > max_prompt_tokens:
-            raise DataError(f"prompt #{row.index} ({row.data_source}) has {len(ids)} tokens, more than "
-                            f"data.max_prompt_tokens={max_prompt_tokens}")
-        encoded.append(ids)
-    return encoded
 
 
 def generate_rollouts(engine: EngineClient, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,

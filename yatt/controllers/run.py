@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import time
 
 import torch
+from transformers import AutoTokenizer
 
 from yatt.checkpoint.checkpointer import Checkpointer, PreemptionFlag
 from yatt.config import ExperimentConfig
 from yatt.config_loading import dump_config
 from yatt.controllers.components import build_components
 from yatt.controllers.metrics import MetricsLogger, keep_metrics_until
+from yatt.controllers.samples import SamplesWriter, keep_samples_until
+from yatt.controllers.watch import open_sinks
 from yatt.controllers.shard import ControllerShard
+from yatt.data.prepare import load_rank_data
 from yatt.distributed import World
 
 
@@ -50,34 +55,50 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
     if world.is_main:
         if found:
             history = keep_metrics_until(run_dir / "metrics.jsonl", start_step)
+            keep_samples_until(run_dir / "samples.jsonl", start_step)
             print(f"resuming from {found[0]} (step {start_step})", flush=True)
         else:
             (run_dir / "metrics.jsonl").unlink(missing_ok=True)
+            (run_dir / "samples.jsonl").unlink(missing_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
     checkpoints.discard_newer(start_step)
 
     wall_start = time.perf_counter()
     if world.is_main:
         print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
-    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir))
+    # the data is read and every prompt tokenized before any engine starts: a bad row stops the run here
+    data = load_rank_data(cfg, world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
+    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data)
     if found:
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained
-    log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main)
+    sinks = open_sinks(cfg.run, cfg.model_dump(mode="json")) if world.is_main else []
+    log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main, sinks=sinks)
+    samples = SamplesWriter(run_dir / "samples.jsonl", cfg.run.samples, enabled=world.is_main)
+
+    def evaluate(step: int) -> dict:
+        if world.is_main and cfg.data.eval is not None:
+            print(f"eval at step {step}: greedy responses to up to {cfg.data.eval_prompts} held-out prompts", flush=True)
+        result = shard.evaluate()
+        samples.write(step, shard.last_eval, shard.last_rollouts)
+        return result
+
     preemption = PreemptionFlag()
     try:
         if found:
             start_eval, end_eval = _evals(history)
         else:
-            start_eval = end_eval = shard.evaluate()
+            start_eval = end_eval = evaluate(0)
             log.log(0, start_eval)
         train_start = time.perf_counter()
         for step in range(start_step + 1, cfg.run.steps + 1):
             step_start = time.perf_counter()
             metrics = shard.step(step)
             metrics["time/step_s"] = time.perf_counter() - step_start
+            # peak resident memory of a controller+trainer process (engines are separate processes)
+            metrics["perf/peak_rss_gib"] = world.max([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])[0]
             if step == cfg.run.steps or (cfg.run.eval_every and step % cfg.run.eval_every == 0):
-                end_eval = shard.evaluate()
+                end_eval = evaluate(step)
                 metrics.update(end_eval)
             log.log(step, metrics)
             # The cheapest point to save: after the weight sync, before the next generation.
@@ -100,6 +121,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
             "resumed_from_step": start_step,
             "start_accuracy": start_eval.get("eval/accuracy"),
             "end_accuracy": end_eval.get("eval/accuracy"),
+            "start_score": start_eval.get("eval/score"),
+            "end_score": end_eval.get("eval/score"),
             "eval_count": end_eval.get("eval/count"),
             "wall_seconds": round(time.perf_counter() - wall_start, 2),
             "train_seconds": round(train_seconds, 2),

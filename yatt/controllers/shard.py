@@ -28,7 +28,7 @@ from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
 from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
 from yatt.controllers.rollouts import encode_prompts, generate_rollouts, sample_seed, score_rollouts
 from yatt.data.rollout import Rollout
-from yatt.data.sources import load_shard
+from yatt.data.prepare import RankData, load_rank_data
 from yatt.data.stream import PromptStream
 from yatt.distributed import World
 from yatt.engines.base import SamplingSpec
@@ -75,16 +75,17 @@ class StageTimer:
 class ControllerShard:
     """Takes its trainer, engines and algorithm from `build_components`; owns the data and the step."""
 
-    def __init__(self, cfg: ExperimentConfig, world: World, parts: Components):
+    def __init__(self, cfg: ExperimentConfig, world: World, parts: Components, data: RankData | None = None):
+        """`data`: this rank's checked data (yatt.data.prepare, read before the engines start); None reads it."""
         self.cfg, self.world = cfg, world
         self.tokenizer, self.trainer, self.ref = parts.tokenizer, parts.trainer, parts.ref
         self.engines, self.algorithm = parts.engines, parts.algorithm
         self.prompts_per_rank = cfg.data.prompts_per_step // world.size
-        self.train_stream = PromptStream(load_shard(cfg.data.train, world.rank, world.size),
-                                         seed=cfg.run.seed * 1009 + world.rank, shuffle=cfg.data.shuffle)
-        self.eval_rows = (load_shard(cfg.data.eval, world.rank, world.size, limit=cfg.data.eval_prompts)
-                          if cfg.data.eval is not None else [])
-        self.eval_prompt_ids = encode_prompts(self.eval_rows, self.tokenizer, cfg.data.max_prompt_tokens)
+        data = data or load_rank_data(cfg, world, self.tokenizer)
+        self.train_stream = PromptStream(data.train, seed=cfg.run.seed * 1009 + world.rank, shuffle=cfg.data.shuffle)
+        self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids
+        self.last_eval: list[Rollout] = []  # the latest evaluation's and step's rollouts (for samples.jsonl)
+        self.last_rollouts: list[Rollout] = []
         bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20
         self.policy_weights = lambda: self.trainer.engine_weights(bucket_bytes)
         self.engines.policy_weights = self.policy_weights
@@ -117,6 +118,7 @@ class ControllerShard:
         busy_before = self.engines.busy_seconds()
         self._rounds: list[GenerationStats] = []
         rollouts, sampling_metrics = self._generate_and_reward(step, timer)
+        self.last_rollouts = rollouts  # this rank's scored rollouts (samples.jsonl shows some)
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
                 self.world.barrier()
@@ -407,16 +409,22 @@ class ControllerShard:
 
     # ---- evaluation, export, shutdown ---------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Greedy accuracy on the held-out split (mean verifier score over all ranks' eval shards)."""
-        if not self.eval_rows:
+        """Greedy decoding of the held-out split: eval/accuracy is the fraction of prompts with a full score
+        (verifier score >= 1), eval/score the mean verifier score (partial credit counts), over all ranks."""
+        if self.cfg.data.eval is None:
             return {}
         start = time.perf_counter()
-        with self.placement.own("rollout"):
-            rollouts = generate_rollouts(self.engines.rollout, self.eval_rows, self.eval_prompt_ids, self.greedy,
-                                         self.tokenizer, None)
-        score_rollouts(rollouts)
-        total, count = self.world.sum([sum(r.reward for r in rollouts), float(len(rollouts))])
-        return {"eval/accuracy": total / count, "eval/count": count, "time/eval_s": time.perf_counter() - start}
+        rollouts = []
+        if self.eval_rows:  # a rank may hold no held-out rows; it still joins the sums
+            with self.placement.own("rollout"):
+                rollouts = generate_rollouts(self.engines.rollout, self.eval_rows, self.eval_prompt_ids, self.greedy,
+                                             self.tokenizer, None)
+            score_rollouts(rollouts)
+        self.last_eval = rollouts
+        full, total, count = self.world.sum([float(sum(r.reward >= 1.0 for r in rollouts)),
+                                             sum(r.reward for r in rollouts), float(len(rollouts))])
+        return {"eval/accuracy": full / count, "eval/score": total / count, "eval/count": count,
+                "time/eval_s": time.perf_counter() - start}
 
     def export_policy(self, folder: Path) -> None:
         self.trainer.save_hf(folder, self.tokenizer)

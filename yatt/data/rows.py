@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from yatt.data.tokens import chat_ids, text_ids
+
 
 @dataclass
 class PromptRow:
@@ -15,6 +17,11 @@ class PromptRow:
     answer: str | None
     data_source: str
     metadata: dict = field(default_factory=dict)
+    origin: str = ""  # where it came from, for errors: "file:line", "file row N", "reasoning_gym/<dataset> #i"
+
+    @property
+    def where(self) -> str:
+        return self.origin or f"prompt #{self.index} ({self.data_source})"
 
     def question(self) -> str:
         """The user-visible question text (the last user message for chat rows)."""
@@ -24,10 +31,11 @@ class PromptRow:
         return users[-1] if users else ""
 
     def prompt_ids(self, tokenizer) -> list[int]:
-        """Token ids fed to the policy: chat rows go through the tokenizer's chat template."""
+        """Token ids fed to the policy, a flat list of ints: chat rows go through the tokenizer's chat template
+        (with the generation prompt), text rows are tokenized as they are. Raises DataError naming the row."""
         if self.messages is not None:
-            return list(tokenizer.apply_chat_template(self.messages, add_generation_prompt=True, tokenize=True))
-        return tokenizer(self.prompt, add_special_tokens=False)["input_ids"]
+            return chat_ids(tokenizer, self.messages, self.where)
+        return text_ids(tokenizer, self.prompt, self.where)
 
 
 def shard_indices(count: int, rank: int, world_size: int) -> range:

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from yatt.config import DataSource, GymSource, JsonlSource
+from yatt.config import DataSource, FileSource, GymSource
+from yatt.data.files import read_json_shard, read_parquet_shard
 from yatt.data.gym import read_gym_shard
 from yatt.data.jsonl import read_jsonl_shard
 from yatt.data.rows import PromptRow
 
+FILE_READERS = {"jsonl": read_jsonl_shard, "json": read_json_shard, "parquet": read_parquet_shard}
+
 
 def load_shard(source: DataSource, rank: int, world_size: int, limit: int | None = None) -> list[PromptRow]:
-    if isinstance(source, JsonlSource):
-        return read_jsonl_shard(source.files, rank, world_size, limit)
+    if isinstance(source, FileSource):
+        return FILE_READERS[source.kind](source.files, rank, world_size, limit, source.columns)
     if isinstance(source, GymSource):
-        return read_gym_shard(source.dataset, source.size, source.seed, source.options, rank, world_size, limit)
+        return read_gym_shard(source.dataset, source.size, source.seed, source.options, rank, world_size, limit,
+                              chat=source.chat, system_prompt=source.system_prompt, instruction=source.instruction,
+                              data_source=source.data_source)
     raise TypeError(f"unknown data source {source!r}")
+
+
+def describe(source: DataSource) -> str:
+    """The source in a few words, for errors about the split as a whole (e.g. an empty file)."""
+    if isinstance(source, FileSource):
+        return ", ".join(str(f) for f in source.files)
+    return f"reasoning_gym/{source.dataset} (size {source.size}, seed {source.seed})"

@@ -1,8 +1,11 @@
-"""Supervised fine-tuning (SFT) of a tiny model built by yatt, stopped on a held-out accuracy threshold.
+"""Supervised fine-tuning (SFT) of a causal LM, stopped on a held-out accuracy threshold.
 
-The quickstart uses it to make a *partly* good starting policy for RL: a fresh tiny Qwen2 is trained
-on prompt+answer rows (loss on the answer and end-of-sequence tokens only) and training stops at the
-first evaluation whose greedy exact-match accuracy reaches `stop_at_accuracy`.
+The model is a fresh tiny Qwen2 with a character tokenizer (the quickstart's starting policy and judge), or
+any Hugging Face causal LM folder (`init_from`). Rows are yatt JSONL rows (yatt.data.jsonl): `prompt` +
+`answer` (loss on the answer and end-of-sequence tokens) or `messages` (loss on the assistant turns only,
+through the tokenizer's chat template; yatt.data.sft). Training stops at the first evaluation whose greedy
+accuracy reaches `stop_at_accuracy`; a response is right when the verifier its row's `data_source` names
+(the same registry RL rewards use, yatt.rewards.rules) gives it a full score.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from pydantic import BaseModel, ConfigDict, Field
 
 from yatt.config_loading import dump_config
-from yatt.quickstart.addition import read_jsonl
+from yatt.data.errors import DataError
+from yatt.data.jsonl import read_jsonl_shard
+from yatt.data.rows import PromptRow
+from yatt.data.sft import encode_examples, eval_prompt
 from yatt.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
-from yatt.rewards.rules import answers_match as exact_match  # the RL verifier's rule
+from yatt.rewards.rules import answers_match as exact_match  # noqa: F401  (the exact_match rule on text)
+from yatt.rewards.rules import score
 
 
 class SFTConfig(BaseModel):
@@ -34,8 +41,8 @@ class SFTConfig(BaseModel):
     model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape and alphabet of the fresh tiny model.")
     init_from: Path | None = Field(None, description="Start from this HF model folder instead of a fresh model "
                                    "(model: is then ignored).")
-    sft_file: Path = Field(description="JSONL rows (prompt, answer) to train on.")
-    eval_file: Path = Field(description="Held-out JSONL rows for the greedy exact-match accuracy.")
+    sft_file: Path = Field(description="JSONL rows to train on: prompt + answer, or messages (yatt.data.jsonl).")
+    eval_file: Path = Field(description="Held-out JSONL rows for the greedy accuracy (scored by data_source).")
     output_dir: Path = Field(description="Hugging Face model folder to write (replaced atomically).")
     lr: float = Field(1e-3, gt=0, description="AdamW peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -54,21 +61,15 @@ class SFTConfig(BaseModel):
     stop_at_accuracy: float = Field(0.45, gt=0, le=1, description="Stop at the first evaluation with at least this accuracy.")
     final_eval_examples: int | None = Field(None, gt=0, description="Rows of eval_file for the final accuracy in the summary (None: all).")
     max_new_tokens: int = Field(8, gt=0, description="Longest greedy response at evaluation, end-of-sequence included.")
+    max_tokens: int | None = Field(None, gt=0, description="Longest training example in tokens; a longer row is an "
+                                   "error naming it (None: no limit).")
+    log_every: int = Field(50, ge=0, description="Steps between progress lines (loss, tokens/s, eta); 0: only at evals.")
     seed: int = Field(0, description="Seed of the model initialisation and of the data order.")
 
 
-def encode_rows(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids of prompt+answer+eos, and labels that are -100 except on answer+eos."""
-    prompts = tokenizer([r["prompt"] for r in rows], add_special_tokens=False)["input_ids"]
-    answers = tokenizer([r["answer"] for r in rows], add_special_tokens=False)["input_ids"]
-    seqs = [p + a + [tokenizer.eos_token_id] for p, a in zip(prompts, answers)]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
-    for i, (p, s) in enumerate(zip(prompts, seqs)):
-        ids[i, : len(s)] = torch.tensor(s)
-        labels[i, len(p) : len(s)] = torch.tensor(s[len(p) :])
-    return ids, labels
+def encode_rows(rows: list[PromptRow], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, and labels that are -100 except on the response (yatt.data.sft)."""
+    return encode_examples(rows, tokenizer)
 
 
 @torch.inference_mode()
@@ -92,23 +93,29 @@ def cut_at_eos(tokens: list[int], eos_id: int) -> list[int]:
     return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
-def evaluate(model, tokenizer, rows: list[dict], max_new_tokens: int, batch_size: int = 500) -> float:
-    """Greedy exact-match accuracy on `rows`; rows are grouped by prompt length so no padding is needed."""
+def evaluate(model, tokenizer, rows: list[PromptRow], max_new_tokens: int, batch_size: int = 500,
+             log=None) -> float:
+    """Greedy accuracy on `rows`: the fraction whose response gets a full score from the row's verifier.
+    Rows are grouped by prompt length so no padding is needed; `log` gets a progress line every ~10 s."""
     was_training = model.training
     model.eval()
-    by_length: dict[int, list[tuple[list[int], str]]] = {}
+    by_length: dict[int, list[tuple[list[int], PromptRow]]] = {}
     for row in rows:
-        ids = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        by_length.setdefault(len(ids), []).append((ids, row["answer"]))
-    correct = 0
+        ids, scored = eval_prompt(row, tokenizer)
+        by_length.setdefault(len(ids), []).append((ids, scored))
+    correct, done, start, shown = 0, 0, time.perf_counter(), time.perf_counter()
     for group in by_length.values():
-        for start in range(0, len(group), batch_size):
-            chunk = group[start : start + batch_size]
+        for first in range(0, len(group), batch_size):
+            chunk = group[first : first + batch_size]
             prompt_ids = torch.tensor([ids for ids, _ in chunk])
             responses = greedy_decode(model, prompt_ids, max_new_tokens, tokenizer.eos_token_id).tolist()
-            for resp, (_, answer) in zip(responses, chunk):
-                text = tokenizer.decode(cut_at_eos(resp, tokenizer.eos_token_id))
-                correct += exact_match(text, answer)
+            for resp, (_, row) in zip(responses, chunk):
+                text = tokenizer.decode(cut_at_eos(resp, tokenizer.eos_token_id), skip_special_tokens=True)
+                correct += score(text, row) >= 1.0
+            done += len(chunk)
+            if log and time.perf_counter() - shown > 10:
+                shown = time.perf_counter()
+                log(f"  eval {done}/{len(rows)} prompts, {shown - start:.0f}s")
     model.train(was_training)
     return correct / max(len(rows), 1)
 
@@ -147,20 +154,28 @@ def write_folder_atomically(output_dir: Path, write) -> None:
 def run_sft(cfg: SFTConfig, log=print) -> dict:
     """Train, evaluate, stop on the accuracy threshold, write the HF folder; returns the summary."""
     start = time.perf_counter()
-    if cfg.init_from is not None:  # continue from a model yatt already trained (same tokenizer, same shape)
+    if cfg.init_from is not None:  # any Hugging Face causal LM folder (e.g. a yatt model to continue)
         tokenizer = AutoTokenizer.from_pretrained(str(cfg.init_from))
         model = AutoModelForCausalLM.from_pretrained(str(cfg.init_from), dtype=torch.float32)
+        if tokenizer.pad_token_id is None:  # padding only fills label -100 positions, so any id will do
+            tokenizer.pad_token = tokenizer.eos_token
     else:
         tokenizer = build_char_tokenizer(cfg.model.alphabet)
         model = build_tiny_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, cfg.seed)
     pad_id = tokenizer.pad_token_id
     params = sum(p.numel() for p in model.parameters())
 
-    train_rows = read_jsonl(cfg.sft_file)
-    eval_rows = read_jsonl(cfg.eval_file)
+    train_rows = read_jsonl_shard([cfg.sft_file], 0, 1)
+    eval_rows = read_jsonl_shard([cfg.eval_file], 0, 1)
     stop_rows = eval_rows[: cfg.eval_examples]
-    ids, labels = encode_rows(train_rows, tokenizer)
-    log(f"sft: {params:,} params, {len(train_rows)} training rows, {len(stop_rows)} eval rows for the stop check")
+    for split, rows, path in (("training", train_rows, cfg.sft_file), ("eval", eval_rows, cfg.eval_file)):
+        if not rows:
+            raise DataError(f"{path}: no {split} rows")
+    for row in eval_rows:
+        eval_prompt(row, tokenizer)  # a bad eval row fails now, not after minutes of training
+    ids, labels = encode_examples(train_rows, tokenizer, cfg.max_tokens)
+    log(f"sft: {params:,} params, {len(train_rows)} training rows ({int((labels != -100).sum()):,} target tokens), "
+        f"{len(stop_rows)} eval rows for the stop check")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
@@ -168,7 +183,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
     order, cursor = torch.randperm(len(ids), generator=gen), 0
 
     model.train()
-    history, window, accuracy, step, next_eval = [], [], 0.0, 0, cfg.eval_every
+    history, window, accuracy, step, next_eval, tokens = [], [], 0.0, 0, cfg.eval_every, 0
     stopped_by = "max_steps"
     while step < cfg.max_steps:
         if cursor + cfg.batch_size > len(order):  # new epoch
@@ -185,9 +200,14 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
         scheduler.step()
         step += 1
         window.append(loss.item())
+        tokens += int((ids[batch, :width] != pad_id).sum())
+        if cfg.log_every and step % cfg.log_every == 0 and step != next_eval:
+            elapsed = time.perf_counter() - start
+            log(f"step {step:5d}  loss {sum(window) / len(window):.4f}  {tokens / elapsed:,.0f} tok/s  {elapsed:6.1f}s"
+                f"  eta {elapsed / step * (cfg.max_steps - step):.0f}s (max_steps)")
 
         if step == next_eval or step == cfg.max_steps:
-            accuracy = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens)
+            accuracy = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens, log=log)
             elapsed = time.perf_counter() - start
             mean_loss = sum(window) / len(window)
             history.append({"step": step, "loss": round(mean_loss, 5), "accuracy": accuracy, "seconds": round(elapsed, 2)})
@@ -200,7 +220,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
 
     train_seconds = time.perf_counter() - start
     final_rows = eval_rows[: cfg.final_eval_examples] if cfg.final_eval_examples else eval_rows
-    final_accuracy = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens)
+    final_accuracy = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens, log=log)
     summary = {
         "steps": step,
         "stopped_by": stopped_by,
