@@ -115,8 +115,9 @@ class PeakRss:
 
 
 def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int, work: Path) -> dict:
+    run_name = name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "plus_")
     overrides = [f"run.steps={steps}", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
-                 f"run.output_dir={work}", f"run.name={name.replace(' ', '_').replace('(', '').replace(')', '')}"]
+                 f"run.output_dir={work}", f"run.name={run_name}"]
     overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
     overrides += [f"algorithm.{k}={v}" for k, v in algo.items()]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
@@ -130,7 +131,7 @@ def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int,
     peaks = rss.stop()
     if rc:
         raise RuntimeError(f"variant {name!r} failed (exit {rc}); see {work / f'{name}.log'}")
-    run_dir = work / overrides[-1].split("=", 1)[1]
+    run_dir = work / run_name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if r.get("step", 0) > 3 and "time/step_s" in r]
 
