@@ -191,8 +191,10 @@ def test_latest_follows_deletions_by_resume_none_and_by_discarding_newer_checkpo
     from yatt.checkpoint.checkpointer import Checkpointer
     from yatt.config import load_experiment
     from yatt.distributed import World
+    from yatt.models.tiny import write_tiny_model
 
-    cfg = load_experiment("configs/quickstart.yaml", [f"run.output_dir={tmp_path}",
+    policy = write_tiny_model(tmp_path / "policy")  # the config fingerprint reads the model's config.json
+    cfg = load_experiment("configs/quickstart.yaml", [f"run.output_dir={tmp_path}", f"model.path={policy}",
                                                       f"checkpoint.dir={tmp_path / 'ck'}"])
     checkpoints = Checkpointer(cfg, World(0, 1, 0, torch.device("cpu")))
     root = checkpoints.root

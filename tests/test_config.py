@@ -141,10 +141,8 @@ def test_a_registered_plugin_is_a_valid_choice(tmp_path, model_dir, monkeypatch)
 
 def test_a_model_whose_vocabulary_is_smaller_than_its_tokenizer_is_caught_at_config_check(tmp_path):
     import json
-    import shutil
 
-    folder = tmp_path / "small-vocab"
-    shutil.copytree(REPO / "models" / "quickstart-policy", folder)
+    folder = write_tiny_model(tmp_path / "small-vocab")
     config = json.loads((folder / "config.json").read_text())
     config["vocab_size"] = 10  # the character tokenizer has more tokens than that
     (folder / "config.json").write_text(json.dumps(config))
