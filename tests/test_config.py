@@ -67,7 +67,7 @@ def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_pat
     path = write_config(tmp_path, model_dir)
     cases = {"trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: torch",
              "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
-             "algorithm.advantage.kind=ppo": ("unknown algorithm.advantage.kind 'ppo'; registered: grpo, "
+             "algorithm.advantage.kind=ppo": ("unknown algorithm.advantage.kind 'ppo'; registered: gae, grpo, "
                                               "reinforce_pp, reinforce_pp_baseline, remax, rloo"),
              "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: gspo, ppo_clip",
              "algorithm.loss_agg=sum": "unknown algorithm.loss_agg 'sum'",

@@ -32,6 +32,7 @@ from yatt.genrm.config import JudgeConfig
 from yatt.genrm.mixing import MixMode
 from yatt.registry import Registry
 from yatt.trainers import TRAINERS
+from yatt.trainers.critic_config import CriticConfig
 
 
 class Section(BaseModel):
@@ -358,6 +359,8 @@ class ExperimentConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="PPO's value model (on with "
+                                 "algorithm.advantage.kind: gae).")
     balance: BalanceConfig = Field(default_factory=BalanceConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -379,6 +382,12 @@ class ExperimentConfig(Section):
         if ADVANTAGES.get(advantage).needs_greedy_baseline and self.reward.kind != "rule":
             raise ValueError(f"{advantage} scores its greedy baseline responses with the rule verifier; it needs "
                              f"reward.kind=rule, not {self.reward.kind}")
+        if ADVANTAGES.get(advantage).needs_values and self.critic.enabled is False:
+            raise ValueError(f"algorithm.advantage.kind={advantage} reads a critic's values, but critic.enabled "
+                             "is false; set it to true or null")
+        if self.uses_critic and self.critic.warmup_steps >= self.run.steps:
+            raise ValueError(f"critic.warmup_steps={self.critic.warmup_steps} would leave no step of run.steps="
+                             f"{self.run.steps} in which the policy trains")
         if self.data.prompts_per_step % self.algorithm.mini_batches:
             raise ValueError(f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
                              f"algorithm.mini_batches={self.algorithm.mini_batches}")
@@ -392,6 +401,17 @@ class ExperimentConfig(Section):
             raise ValueError(f"data.max_prompt_tokens + rollout.max_new_tokens = {self.rollout_tokens} exceeds "
                              f"rollout.engine.max_model_len={limit}")
         return self
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run trains a value model (critic.enabled, null: when the estimator reads values)."""
+        enabled = self.critic.enabled
+        return ADVANTAGES.get(self.algorithm.advantage.kind).needs_values if enabled is None else enabled
+
+    @property
+    def critic_path(self) -> Path:
+        """The folder the critic starts from."""
+        return self.critic.model or self.model.path
 
     @property
     def rollout_tokens(self) -> int:
@@ -411,13 +431,18 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     if rest or per_rank % cfg.algorithm.mini_batches:
         raise ConfigError(f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
                           f"{world_size} ranks and then into algorithm.mini_batches={cfg.algorithm.mini_batches}")
-    folders = {"model.path": cfg.model.path, **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges}}
+    folders = {"model.path": cfg.model.path, **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges},
+               **({"critic.model": cfg.critic.model} if cfg.uses_critic and cfg.critic.model else {})}
     for field, folder in folders.items():
         if not folder.is_dir():
             raise ConfigError(f"{source}: {field}: model folder not found: {folder} (build the quickstart ones "
                               "with `make quickstart` or `python launch/sft.py --config configs/sft_quickstart.yaml`)")
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{source}: {field}: {folder} is not a Hugging Face model folder: config.json is missing")
+    if "critic.model" in folders and (vocab := model_vocab(cfg.critic.model)) is not None and \
+            (tokens := tokenizer_size(cfg.model.path)) is not None and vocab < tokens:
+        raise ConfigError(f"{source}: critic.model: its vocab_size ({vocab}) is smaller than the policy's tokenizer "
+                          f"({tokens} tokens): the critic reads the policy's token ids")
     for split in ("train", "eval"):
         data = getattr(cfg.data, split)
         missing = [str(f) for f in getattr(data, "files", []) if not f.is_file()]

@@ -5,7 +5,7 @@ Per-token tensors are [B, T] with a mask [B, T] (1 = response token); nothing he
 (`algorithm.advantage.kind`, `algorithm.policy_loss.kind`); each entry is one file (see `base.py`).
 """
 
-from yatt.algorithms.advantages import broadcast_to_tokens, gae_advantages
+from yatt.algorithms.advantages import broadcast_to_tokens
 from yatt.algorithms.aggregation import (
     LOSS_AGGREGATIONS,
     aggregate_loss,
@@ -14,6 +14,7 @@ from yatt.algorithms.aggregation import (
     masked_sum,
     token_logprobs,
 )
+from yatt.algorithms.gae import gae_advantages
 from yatt.algorithms.kl import KL_ESTIMATORS, get_kl_estimator, kl_estimate, kl_penalized_rewards
 from yatt.registry import Registry
 
@@ -23,6 +24,7 @@ ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
     "remax": "yatt.algorithms.remax:REMAX",
     "reinforce_pp": "yatt.algorithms.reinforce_pp:REINFORCE_PP",
     "reinforce_pp_baseline": "yatt.algorithms.reinforce_pp:REINFORCE_PP_BASELINE",
+    "gae": "yatt.algorithms.gae:GAE",
 })
 POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
     "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",

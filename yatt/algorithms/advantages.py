@@ -1,5 +1,5 @@
-"""Advantage helpers for estimators with a critic: GAE over per-token values (not registered yet:
-it needs a value model), and per-sequence values broadcast to tokens."""
+"""Advantage helpers shared by estimators: outcome rewards laid out per token, per-sequence values
+broadcast to tokens."""
 
 from __future__ import annotations
 
@@ -7,33 +7,21 @@ import torch
 from torch import Tensor
 
 
-def gae_advantages(
-    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
-) -> tuple[Tensor, Tensor]:
-    """Generalized Advantage Estimation over [B, T]; returns (advantages, returns), 0 where masked.
-
-    The recursion runs backwards over *valid* tokens only: a masked position (padding, or e.g.
-    tool output inside a multi-turn response) is skipped, so the next valid token's value and
-    running GAE carry through it unchanged. The value after the last valid token is 0 (terminal).
-    returns = advantages + values, the regression target for a critic.
-    """
+def outcome_token_rewards(outcome: Tensor, mask: Tensor, token_kl: Tensor | None) -> Tensor:
+    """[N, T] per-token rewards: -token_kl on every valid token (0 without a KL penalty), plus the outcome
+    reward [N] on each sequence's last valid token; 0 where masked. A sequence without response tokens
+    gets nothing (its outcome has no token to sit on)."""
     valid = mask.bool()
-    m = valid.to(values.dtype)
-    batch, length = values.shape
-    next_value = values.new_zeros(batch)
-    last_gae = values.new_zeros(batch)
-    advantages = []
-    for t in reversed(range(length)):
-        v_t = torch.where(valid[:, t], values[:, t], 0.0)
-        r_t = torch.where(valid[:, t], token_rewards[:, t], 0.0)
-        delta = r_t + gamma * next_value - v_t
-        gae_t = delta + gamma * lam * last_gae
-        last_gae = m[:, t] * gae_t + (1 - m[:, t]) * last_gae
-        next_value = m[:, t] * v_t + (1 - m[:, t]) * next_value
-        advantages.append(gae_t * m[:, t])
-    adv = torch.stack(advantages[::-1], dim=1)
-    returns = (adv + torch.where(valid, values, 0.0)) * m
-    return adv, returns
+    if token_kl is not None:
+        rewards = -torch.where(valid, token_kl, 0.0).to(outcome.dtype)
+    else:
+        rewards = torch.zeros(mask.shape, dtype=outcome.dtype)
+    positions = torch.arange(mask.shape[-1]).expand_as(valid)
+    last = torch.where(valid, positions, -1).max(dim=-1).values if mask.shape[-1] else positions.new_full(
+        (mask.shape[0],), -1)
+    has = last >= 0
+    rewards[has, last[has]] += outcome[has]
+    return rewards
 
 
 def broadcast_to_tokens(seq_values: Tensor, mask: Tensor) -> Tensor:

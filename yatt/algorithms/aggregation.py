@@ -1,9 +1,17 @@
-"""Masked reductions, loss aggregation modes, and logits -> entropy / log-prob helpers."""
+"""Masked reductions (and a global whitening over all ranks), loss aggregation modes, and logits -> entropy /
+log-prob helpers."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from yatt.distributed import World
+
+EPS = 1e-8  # added to the variance by global_whiten, as OpenRLHF's masked_normalize does
 
 LOSS_AGGREGATIONS: tuple[str, ...] = (
     "token-mean",
@@ -29,6 +37,23 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     m = mask.to(x.dtype)
     count = m.sum() if dim is None else m.sum(dim=dim)
     return masked_sum(x, mask, dim) / count.clamp_min(1.0)
+
+
+def global_whiten(x: Tensor, mask: Tensor, world: World | None, eps: float = EPS) -> Tensor:
+    """(x - mean) / sqrt(var + eps) over the valid entries of every rank; 0 where masked.
+
+    The mean and the (population) variance are global: sums over ranks of sum(x), count, then
+    sum((x - mean)^2) -- two small all-reduces, and every rank must call this (a rank holding no samples too).
+    """
+    local = [float(masked_sum(x, mask)), float(mask.sum())]
+    total, count = world.sum(local) if world is not None else local
+    if count == 0:
+        return torch.zeros_like(x)
+    mean = total / count
+    sq = [float(masked_sum((x - mean) ** 2, mask))]
+    (sq_total,) = world.sum(sq) if world is not None else sq
+    var = sq_total / count
+    return torch.where(mask.bool(), (x - mean) / (var + eps) ** 0.5, 0.0)
 
 
 def aggregate_loss(

@@ -37,16 +37,22 @@ class AdvantageInput:
     token_kl: Tensor | None = None
     # [N] reward of each sample's prompt's greedy response (estimators with needs_greedy_baseline), else None
     baselines: Tensor | None = None
+    # [N, T] the critic's value of each response token's prefix, 0 outside the mask (estimators with
+    # needs_values), else None
+    values: Tensor | None = None
 
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
     config: type[ComponentConfig]
-    # (input, its config) -> advantages [N] (per sequence) or [N, T] (per token)
-    compute: Callable[[AdvantageInput, Any], Tensor]
+    # (input, its config) -> advantages [N] (per sequence) or [N, T] (per token); with needs_values
+    # (advantages [N, T], the critic's regression targets [N, T])
+    compute: Callable[[AdvantageInput, Any], Tensor | tuple[Tensor, Tensor]]
     needs_groups: bool  # advantages relative to the group: each prompt's samples must stay on one rank
     # the controller generates one greedy response per prompt with its group and passes its reward (ReMax)
     needs_greedy_baseline: bool = False
+    # reads a critic's per-token values (AdvantageInput.values): the run trains a value model (critic.*)
+    needs_values: bool = False
 
 
 @dataclass(frozen=True)

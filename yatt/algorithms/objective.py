@@ -63,8 +63,10 @@ class Algorithm:
         return (("policy_loss", *self.loss.stats) + (("kl_loss",) if self.kl_in_loss else ())
                 + (("entropy_bonus",) if self.needs_entropy else ()))
 
-    def advantages(self, inp: AdvantageInput) -> Tensor:
-        return self.estimator.compute(inp, self.cfg.advantage)
+    def advantages(self, inp: AdvantageInput) -> tuple[Tensor, Tensor | None]:
+        """(advantages, the critic's targets): the targets only from an estimator that reads values (gae)."""
+        out = self.estimator.compute(inp, self.cfg.advantage)
+        return out if self.estimator.needs_values else (out, None)
 
     def mismatch_metrics(self, batch: TokenBatch, world: World | None) -> dict[str, float]:
         """rollout_is/* metrics of the step's batch (its old log-probs complete), over all ranks."""

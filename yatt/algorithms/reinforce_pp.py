@@ -9,19 +9,15 @@ then stay on one rank).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_sum
+from yatt.algorithms.advantages import outcome_token_rewards
+from yatt.algorithms.aggregation import global_whiten, masked_sum
 from yatt.algorithms.base import AdvantageEstimator, AdvantageInput, ComponentConfig
-
-if TYPE_CHECKING:
-    from yatt.distributed import World
-
-EPS = 1e-8  # added to the variance, as OpenRLHF's masked_normalize does
 
 
 class ReinforcePPConfig(ComponentConfig):
@@ -38,35 +34,13 @@ def token_returns(outcome: Tensor, mask: Tensor, token_kl: Tensor | None, gamma:
     """[N, T] returns G_t = sum_{s >= t} gamma^(s-t) r_s over valid tokens, where r_s = -token_kl_s, plus the
     outcome reward [N] on each sequence's last valid token. Masked positions are skipped (0 there)."""
     valid = mask.bool()
-    rewards = -torch.where(valid, token_kl, 0.0) if token_kl is not None else torch.zeros_like(mask, dtype=outcome.dtype)
-    positions = torch.arange(mask.shape[-1]).expand_as(valid)
-    last = torch.where(valid, positions, -1).max(dim=-1).values  # -1: a sequence without response tokens
-    has = last >= 0
-    rewards = rewards.clone()
-    rewards[has, last[has]] += outcome[has]
+    rewards = outcome_token_rewards(outcome, mask, token_kl)
     running = outcome.new_zeros(outcome.shape[0])
     out = torch.zeros_like(rewards)
     for t in reversed(range(mask.shape[-1])):
         running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
         out[:, t] = torch.where(valid[:, t], running, 0.0)
     return out
-
-
-def global_whiten(x: Tensor, mask: Tensor, world: World | None, eps: float = EPS) -> Tensor:
-    """(x - mean) / sqrt(var + eps) over the valid entries of every rank; 0 where masked.
-
-    The mean and the (population) variance are global: sums over ranks of sum(x), count, then
-    sum((x - mean)^2) -- two small all-reduces, and every rank must call this (a rank holding no samples too).
-    """
-    local = [float(masked_sum(x, mask)), float(mask.sum())]
-    total, count = world.sum(local) if world is not None else local
-    if count == 0:
-        return torch.zeros_like(x)
-    mean = total / count
-    sq = [float(masked_sum((x - mean) ** 2, mask))]
-    (sq_total,) = world.sum(sq) if world is not None else sq
-    var = sq_total / count
-    return torch.where(mask.bool(), (x - mean) / (var + eps) ** 0.5, 0.0)
 
 
 def reinforce_pp_advantages(inp: AdvantageInput, gamma: float, group_baseline: bool) -> Tensor:

@@ -27,6 +27,8 @@ def config_fingerprint(cfg: ExperimentConfig, world_size: int) -> dict[str, Any]
         "reward": cfg.reward.model_dump(mode="json", exclude={"judges": {"__all__": {"engine"}}}),
         "algorithm": cfg.algorithm.model_dump(mode="json"),
         "trainer": cfg.trainer.model_dump(mode="json", exclude={"micro_batch_size", "micro_batch_tokens"}),
+        # only with a critic, so checkpoints of critic-free runs stay resumable across this field's arrival
+        **({"critic": cfg.critic.model_dump(mode="json", exclude={"enabled"})} if cfg.uses_critic else {}),
         "run": {"seed": cfg.run.seed},
     }
     return json.loads(json.dumps(fields))  # tuples -> lists, as they come back from the manifest

@@ -1,9 +1,10 @@
 """The one factory: what a controller shard runs on, built from the config through the registries.
 
 `trainer.backend` picks the training backend (yatt.trainers.TRAINERS), `rollout.engine.backend` and each
-judge's `engine.backend` the inference backend of the engine processes (yatt.engines.ENGINES), and
-`algorithm.advantage` / `algorithm.policy_loss` the RL math (yatt.algorithms). The shard only sees the
-interfaces, so tests hand it fakes and a new backend never touches the controller.
+judge's `engine.backend` the inference backend of the engine processes (yatt.engines.ENGINES),
+`algorithm.advantage` / `algorithm.policy_loss` the RL math (yatt.algorithms), and `critic` PPO's value model
+on the policy's backend (`head="value"`). The shard only sees the interfaces, so tests hand it fakes and a
+new backend never touches the controller.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 
 from yatt.algorithms.objective import Algorithm
 from yatt.config import ExperimentConfig
+from yatt.controllers.critic import Critic
 from yatt.distributed import World
 from yatt.engines.client import spawn_engine
 from yatt.placement.services import EngineServices, Spawn
@@ -31,13 +33,23 @@ class Components:
     ref: Trainer | None  # the frozen reference policy (only with a KL term)
     engines: EngineServices  # this rank's engine processes and clients to every rank's engines
     algorithm: Algorithm
+    critic: Critic | None = None  # PPO's value model (cfg.uses_critic)
 
 
 def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: Spawn = spawn_engine) -> Components:
     torch.manual_seed(cfg.run.seed)
     backend = TRAINERS.get(cfg.trainer.backend)
-    optimizer_steps = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
-    trainer = backend(cfg.model.path, cfg.trainer, world, total_steps=optimizer_steps)
+    per_step = cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches  # optimizer steps per RL step
+    # the policy does not step during the critic's warm-up, so its lr schedule spans the steps after it
+    policy_steps = cfg.run.steps - (cfg.critic.warmup_steps if cfg.uses_critic else 0)
+    trainer = backend(cfg.model.path, cfg.trainer, world, total_steps=policy_steps * per_step)
     ref = backend(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
+    critic = None
+    if cfg.uses_critic:  # the trainer section's settings with the critic's own learning rate
+        value_model = backend(cfg.critic_path, cfg.trainer.model_copy(update={"lr": cfg.critic.lr}), world,
+                              total_steps=cfg.run.steps * per_step, head="value")
+        critic = Critic(cfg.critic, value_model, world, cfg.critic.loss_agg or cfg.algorithm.loss_agg,
+                        norm_length=cfg.rollout.max_new_tokens)
     return Components(tokenizer=AutoTokenizer.from_pretrained(str(cfg.model.path)), trainer=trainer, ref=ref,
-                      engines=EngineServices(cfg, world, run_dir, spawn), algorithm=Algorithm(cfg.algorithm))
+                      engines=EngineServices(cfg, world, run_dir, spawn), algorithm=Algorithm(cfg.algorithm),
+                      critic=critic)

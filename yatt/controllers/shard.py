@@ -1,7 +1,8 @@
 """The controller shard: one per torchrun rank, owning its slice of the data from prompt to loss.
 
 The RL step (`ControllerShard.step`) reads top to bottom like the algorithm:
-    generate -> reward (-> dynamic sampling) -> rebalance -> old/ref logprobs -> advantages -> update -> sync
+    generate -> reward (-> dynamic sampling) -> rebalance -> old/ref logprobs (and critic values) -> advantages
+    -> update (critic, then policy) -> sync
 Ranks exchange only DDP gradients, small metadata (counts, sums, timings) through `World`, and the
 samples that load balancing moves (yatt.balance.exchange).
 """
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from yatt.algorithms import kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.algorithms.base import AdvantageInput
+from yatt.algorithms.gae import critic_targets
 from yatt.balance.exchange import rebalance
 from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.checkpoint.export import export_snapshot
@@ -79,7 +81,7 @@ class ControllerShard:
         """`data`: this rank's checked data (yatt.data.prepare, read before the engines start); None reads it."""
         self.cfg, self.world = cfg, world
         self.tokenizer, self.trainer, self.ref = parts.tokenizer, parts.trainer, parts.ref
-        self.engines, self.algorithm = parts.engines, parts.algorithm
+        self.engines, self.algorithm, self.critic = parts.engines, parts.algorithm, parts.critic
         self.prompts_per_rank = cfg.data.prompts_per_step // world.size
         data = data or load_rank_data(cfg, world, self.tokenizer)
         self.train_stream = PromptStream(data.train, seed=cfg.run.seed * 1009 + world.rank, shuffle=cfg.data.shuffle)
@@ -109,7 +111,8 @@ class ControllerShard:
         self.last_step = 0
 
     def _trainers(self):
-        return [self.trainer] + ([self.ref] if self.ref else [])
+        """What the `train` role owns: the policy, the reference model, the critic."""
+        return [self.trainer] + ([self.ref] if self.ref else []) + ([self.critic.trainer] if self.critic else [])
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -127,9 +130,11 @@ class ControllerShard:
         with self.placement.own("train"):
             batch = self._token_batch(trained)
             minis = self._mini_batches(len(batch), step)
+            policy_trains = self.critic is None or not self.critic.warming_up(step)  # critic.warmup_steps
             with timer("logprobs"):
-                old_lp, entropy = self._old_logprobs(batch, minis[0])
+                old_lp, entropy = self._old_logprobs(batch, minis[0], policy_trains)
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
+                values = self.critic.values(batch) if self.critic else None
             with timer("advantages"):
                 rewards = torch.tensor([r.reward for r in trained], dtype=torch.float32)
                 token_kl = None
@@ -138,18 +143,24 @@ class ControllerShard:
                     rewards = kl_penalized_rewards(rewards, kl, batch.mask, self.algorithm.kl_coef)
                     token_kl = self.algorithm.kl_coef * kl * batch.mask
                 baselines = torch.tensor([r.baseline for r in trained], dtype=torch.float32)
-                advantages = self.algorithm.advantages(
-                    AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world, token_kl, baselines))
+                inp = AdvantageInput(rewards, batch.mask, cfg.rollout.group_size, self.world, token_kl, baselines,
+                                     values)
+                advantages, returns = self.algorithm.advantages(inp)
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
             if ref_lp is not None:
                 batch.extras["ref_logprobs"] = ref_lp
+            if self.critic is not None:  # an estimator without value targets (a critic enabled by hand): returns
+                batch.extras.update(values=values, returns=returns if returns is not None else critic_targets(inp))
             with timer("update"):
-                update = self._update(batch, minis, entropy)
+                critic_update = self.critic.update(batch, minis) if self.critic else None
+                update = self._update(batch, minis if policy_trains else [], entropy)
         if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
             with timer("sync"), self.placement.own("rollout"):
                 self.engines.push_weights(self.policy_weights())
         self.samples_trained += len(trained)
         metrics = self._step_metrics(trained, batch, entropy, ref_lp, update, timer)
+        if self.critic is not None:
+            metrics.update(self.critic.metrics(batch, critic_update), **{"critic/warmup": float(not policy_trains)})
         # after the update: with old_logprobs=reuse its first forwards filled in the on-policy rows' log-probs
         metrics.update(self.algorithm.mismatch_metrics(batch, self.world))
         metrics["actor/kl_coef"] = self.algorithm.kl_coef  # the coefficient this step used
@@ -246,15 +257,18 @@ class ControllerShard:
                            for chunk in torch.tensor_split(order, self.cfg.algorithm.mini_batches)])
         return epochs
 
-    def _old_logprobs(self, batch: TokenBatch, first_epoch: list[Tensor]) -> tuple[Tensor, Tensor]:
+    def _old_logprobs(self, batch: TokenBatch, first_epoch: list[Tensor], policy_trains: bool = True
+                      ) -> tuple[Tensor, Tensor]:
         """The old policy's log-probs and entropies before the update (algorithm.old_logprobs).
 
         reuse: the first mini-batch's rows are flagged on_policy and skipped here; the update's first
-        forward fills their log-probs and entropies in (a KL reward needs them before, so it recomputes).
-        rollout: the engine's log-probs; entropies come from the first epoch's forwards.
+        forward fills their log-probs and entropies in (a KL reward needs them before, and a step without a
+        policy update has no such forward, so those recompute). rollout: the engine's log-probs; entropies
+        come from the first epoch's forwards (none without a policy update: 0).
         """
         mode, algo = self.cfg.algorithm.old_logprobs, self.cfg.algorithm
-        if mode == "reuse" and self.ref is not None and algo.kl_mode == "reward" and algo.kl_coef > 0:
+        if mode == "reuse" and (not policy_trains or (self.ref is not None and algo.kl_mode == "reward"
+                                                     and algo.kl_coef > 0)):
             mode = "recompute"
         on_policy = torch.zeros(len(batch))
         batch.extras["on_policy"] = on_policy
@@ -382,7 +396,8 @@ class ControllerShard:
     def replicated(self) -> tuple[str, ...]:
         """Parts of state_dict() that are the same on every rank: a checkpoint stores them once, from rank 0
         (a trainer whose ranks hold shards of the model saves its own part on every rank instead)."""
-        return ("trainer",) if self.trainer.replicated else ()
+        return tuple(name for name, part in (("trainer", self.trainer), ("critic", self.critic and self.critic.trainer))
+                     if part is not None and part.replicated)
 
     def state_dict(self) -> dict[str, dict]:
         """Everything resuming needs, as named component states (live references; yatt.checkpoint copies
@@ -391,7 +406,8 @@ class ControllerShard:
         return {"trainer": self.trainer.state_dict(), "train_stream": self.train_stream.state_dict(),
                 "rng": rng_state(), "progress": {"step": self.last_step, "samples_trained": self.samples_trained},
                 "kl_control": self.algorithm.kl_control.state_dict(),
-                **({"sampler": self.sampler.state_dict()} if self.sampler else {})}
+                **({"sampler": self.sampler.state_dict()} if self.sampler else {}),
+                **({"critic": self.critic.state_dict()} if self.critic else {})}
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
         """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
@@ -402,6 +418,8 @@ class ControllerShard:
         self.algorithm.kl_control.load_state_dict(state["kl_control"])
         if self.sampler:
             self.sampler.load_state_dict(state["sampler"])
+        if self.critic:
+            self.critic.load_state_dict(state["critic"])
         with self.placement.own("rollout"):
             self.engines.push_weights(self.policy_weights())
         self.placement.take_metrics()  # the load's timing is not the first step's

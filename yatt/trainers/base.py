@@ -1,9 +1,14 @@
 """What a controller shard needs from a training backend (`Trainer`).
 
 Backends are registered in `yatt.trainers.TRAINERS` under the name `trainer.backend` selects and built as
-``Backend(model_path, cfg: TrainerConfig, world, trainable=True, total_steps=1)``; `trainable=False` is
-a frozen reference model (log-probs only). A backend knows nothing about RL: the controller hands it a
+``Backend(model_path, cfg: TrainerConfig, world, trainable=True, total_steps=1, head="lm")``; `trainable=False`
+is a frozen reference model (log-probs only). A backend knows nothing about RL: the controller hands it a
 loss function, so the policy objective, a value loss or an SFT loss run through the same update.
+
+`head` says what the model computes per response token. "lm": a causal LM, whose per-token outputs are
+log-probs (`logprobs`). "value": a value model for PPO's critic, the same decoder with one scalar per
+position, whose per-token outputs are values (`values`); its loss_fn gets those values where a policy's
+gets log-probs (and no entropy). A backend without value models raises ValueError for head="value".
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from torch import Tensor
 from yatt.engines.base import NamedTensors
 from yatt.trainers.batch import TokenBatch
 
-# (logprobs [B, L-1] float32 with grad: log-prob of each target token under softmax(logits / mb.temperature),
+# (logprobs [B, L-1] float32 with grad: log-prob of each target token under softmax(logits / mb.temperature)
+#  -- with head="value" the value of each target token's prefix instead --,
 #  entropy [B, L-1] with grad or None (only when train_mini_batch was asked for it), the micro-batch)
 #  -> (loss, {stat: sum over its tokens}).  Backends never hand full-vocabulary logits to a loss: they may
 #  compute these per-token values in chunks, packed, or sharded over the vocabulary.
@@ -28,10 +34,16 @@ class Trainer(Protocol):
     # True: every rank holds the same full state (DDP), so a checkpoint stores it once, from rank 0.
     # False: each rank holds its own shard (TP/PP/FSDP) and saves it with its rank's files.
     replicated: bool
+    head: str  # "lm" (log-probs) or "value" (values): see the module docstring
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of the batch's own tokens under softmax(logits / batch.temperature),
-        [B, L-1] on CPU, 0 outside the mask."""
+        [B, L-1] on CPU, 0 outside the mask. head="lm" only."""
+        ...
+
+    def values(self, batch: TokenBatch) -> Tensor:
+        """Per-token values [B, L-1] on CPU, 0 outside the mask: column t is V of the prefix input_ids[:, :t+1],
+        the state in which the target token input_ids[:, t+1] was chosen. head="value" only."""
         ...
 
     def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:

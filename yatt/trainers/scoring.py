@@ -67,3 +67,23 @@ class TokenScorer(nn.Module):
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, select)
         return head_scores(hidden, self.lm.get_output_embeddings(), targets, temperature, with_entropy,
                            self.chunk_tokens)
+
+
+class ValueScorer(nn.Module):
+    """A one-label token-classification model (decoder + scalar head) seen as (model inputs, scored positions)
+    -> per-token values [M], float32: the call of `TokenScorer`, so the trainer runs a critic and a policy
+    through the same code (targets and temperature do not apply to values)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        if model.config.num_labels != 1:
+            raise ValueError(f"a value model needs one output per token, {type(model).__name__} has "
+                             f"num_labels={model.config.num_labels}")
+        self.model = model
+
+    def forward(self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float,
+                with_entropy: bool) -> tuple[Tensor, None]:
+        if with_entropy:
+            raise ValueError("a value model has no entropy")
+        scores = self.model(**model_kwargs, use_cache=False).logits  # [rows, width, 1]: one scalar per position
+        return scores.reshape(-1).index_select(0, select).float(), None

@@ -1,4 +1,5 @@
-"""The `torch` training backend: a Hugging Face causal LM, DDP across ranks, AdamW, micro-batches.
+"""The `torch` training backend: a Hugging Face causal LM (or, head="value", a value model), DDP across ranks,
+AdamW, micro-batches.
 
 Implements `yatt.trainers.base.Trainer`. Every rank holds the whole model and optimizer state (DDP keeps
 them identical), so checkpoints store them once and weights go to engines from the local copy.
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
 from yatt.balance.packing import micro_batch_rows
 from yatt.config import TrainerConfig
@@ -24,7 +25,22 @@ from yatt.engines.base import DTYPES, NamedTensors, weight_buckets
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
 from yatt.trainers.packing import attention_implementation, model_inputs
-from yatt.trainers.scoring import TokenScorer
+from yatt.trainers.scoring import TokenScorer, ValueScorer
+
+HEADS = ("lm", "value")
+
+
+def load_module(model_path: str | Path, head: str, dtype: torch.dtype, **kwargs: Any) -> torch.nn.Module:
+    """The Hugging Face model of a head: the causal LM, or for "value" the same folder's decoder with a one-label
+    token-classification head (new, transformers' initialisation, unless the folder is such a model already).
+    The head's dropout is off: values computed before the update must be the update's own at its first step."""
+    if head not in HEADS:
+        raise ValueError(f"unknown trainer head {head!r}; one of: {', '.join(HEADS)}")
+    if head == "lm":
+        return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, **kwargs)
+    config = AutoConfig.from_pretrained(str(model_path), num_labels=1)
+    config.classifier_dropout = 0.0
+    return AutoModelForTokenClassification.from_pretrained(str(model_path), config=config, dtype=dtype, **kwargs)
 
 
 def lr_factor(step: int, cfg: TrainerConfig, total_steps: int) -> float:
@@ -43,18 +59,18 @@ class TorchTrainer:
     trainer.dtype is the dtype of the weights, gradients and optimizer state (bfloat16 halves memory; the
     log-probs and the loss are still computed in float32 from the logits). Forward passes go through a
     `TokenScorer` (yatt.trainers.scoring): packed sequences (yatt.trainers.packing) in, one log-prob per
-    response token out.
+    response token out; with head="value" through a `ValueScorer`, one value per response token out.
     """
 
     replicated = True
 
     def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
-                 total_steps: int = 1):
-        self.cfg, self.world, self.trainable = cfg, world, trainable
+                 total_steps: int = 1, head: str = "lm"):
+        self.cfg, self.world, self.trainable, self.head = cfg, world, trainable, head
         extra = {"attn_implementation": attention_implementation(world.device)} if cfg.pack_sequences else {}
-        self.module = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[cfg.dtype],
-                                                           **extra).to(world.device)
-        self.scorer = TokenScorer(self.module, cfg.logprob_chunk_tokens)
+        self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
+        self.scorer = (TokenScorer(self.module, cfg.logprob_chunk_tokens) if head == "lm"
+                       else ValueScorer(self.module))
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
@@ -94,9 +110,21 @@ class TorchTrainer:
 
         return place(logp), place(ent) if with_entropy else None
 
-    @torch.no_grad()
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask)."""
+        if self.head != "lm":
+            raise ValueError(f"logprobs() of a {self.head}-head model; it has values()")
+        return self._per_token(batch, with_entropy)
+
+    def values(self, batch: TokenBatch) -> Tensor:
+        """Per-token values ([B, L-1], zero outside the mask) of a head="value" model."""
+        if self.head != "value":
+            raise ValueError(f"values() of a {self.head}-head model; it has logprobs()")
+        return self._per_token(batch, False)[0]
+
+    @torch.no_grad()
+    def _per_token(self, batch: TokenBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """The scorer's per-token outputs (log-probs or values, and entropies) over micro-batches, on CPU."""
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
         for rows in self.micro_batches(batch):
             mb = batch.select(rows).to(self.world.device)

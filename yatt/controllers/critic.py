@@ -1,0 +1,99 @@
+"""PPO's critic in the step: per-token values before the advantages, a value-loss update next to the policy's,
+its metrics and its state.
+
+The value model is a `Trainer` built with head="value" by the factory (yatt.controllers.components) on the
+same backend as the policy; it lives on the train device, so it offloads and onloads with the `train` role.
+It trains on the policy's mini-batches (same rows, epochs and global denominators), with its own optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from yatt.algorithms.aggregation import aggregate_loss, masked_sum
+from yatt.algorithms.value_loss import clipped_value_loss
+from yatt.distributed import World
+from yatt.trainers.base import LossFn, Trainer
+from yatt.trainers.batch import TokenBatch
+from yatt.trainers.critic_config import CriticConfig
+
+STATS = ("value_loss", "vf_clipfrac", "value_pred_mean")  # sums over the trained tokens, logged as means
+
+
+class Critic:
+    def __init__(self, cfg: CriticConfig, trainer: Trainer, world: World, loss_agg: str, norm_length: int):
+        """loss_agg: critic.loss_agg, or the policy's when that is null; norm_length as the policy's."""
+        self.cfg, self.trainer, self.world = cfg, trainer, world
+        self.loss_agg, self.norm_length = loss_agg, norm_length
+
+    def warming_up(self, step: int) -> bool:
+        """Whether `step` (1-based) trains only the critic (critic.warmup_steps)."""
+        return step <= self.cfg.warmup_steps
+
+    def values(self, batch: TokenBatch) -> Tensor:
+        """V at every response token before this step's update [B, L-1], 0 outside the mask."""
+        return self.trainer.values(batch)
+
+    def objective(self, num_tokens: float, num_seqs: float) -> LossFn:
+        """The clipped value loss against mb.extras["returns"], around mb.extras["values"] (the values the
+        advantages were computed with), aggregated like the policy loss with global denominators."""
+
+        def loss_fn(values: Tensor, _entropy: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
+            token_loss, stats = clipped_value_loss(values, mb.extras["values"], mb.extras["returns"], mb.mask,
+                                                   self.cfg.value_clip)
+            tokens = float(mb.mask.sum())
+            sums = {"tokens": tokens, "value_loss": float(masked_sum(token_loss.detach(), mb.mask)),
+                    **{k: float(v) * tokens for k, v in stats.items()}}
+            loss = aggregate_loss(token_loss, mb.mask, self.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
+                                  norm_length=self.norm_length)
+            return loss, sums
+
+        return loss_fn
+
+    def update(self, batch: TokenBatch, epochs: list[list[Tensor]]) -> dict[str, float]:
+        """One optimizer step per mini-batch of every epoch (the policy's rows); sums of the loss stats, plus
+        grad_norm, lr and skipped summed over the optimizer steps. batch.extras holds values and returns."""
+        totals = dict.fromkeys(("tokens", *STATS, "grad_norm", "lr", "skipped", "optimizer_steps"), 0.0)
+        for minis in epochs:
+            for rows in minis:
+                mini = batch.select(rows)
+                tokens, seqs = self.world.sum([float(mini.mask.sum()), float(len(mini))])
+                if seqs == 0:
+                    continue  # no rank has data for this mini-batch (all ranks agree)
+                stats = self.trainer.train_mini_batch(mini, self.objective(tokens / self.world.size,
+                                                                           seqs / self.world.size))
+                stats["optimizer_steps"] = 1.0
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+        return totals
+
+    def metrics(self, batch: TokenBatch, update: dict[str, float]) -> dict[str, float]:
+        """critic/* over all ranks: the update's means, and how well the old values explained the returns
+        (explained_var = 1 - Var(returns - values) / Var(returns), over every response token)."""
+        mask, values, returns = batch.mask, batch.extras["values"], batch.extras["returns"]
+        error = returns - values
+        local = [update["tokens"], *(update[k] for k in STATS), float(mask.sum()), float(masked_sum(values, mask)),
+                 float(masked_sum(returns, mask)), float(masked_sum(returns**2, mask)), float(masked_sum(error, mask)),
+                 float(masked_sum(error**2, mask))]
+        trained, *stat_sums, count, v_sum, r_sum, r_sq, e_sum, e_sq = self.world.sum(local)
+        n = max(count, 1.0)
+        var_returns = r_sq / n - (r_sum / n) ** 2
+        var_error = e_sq / n - (e_sum / n) ** 2
+        steps = max(update["optimizer_steps"], 1.0)
+        return {
+            **{f"critic/{k}": s / max(trained, 1.0) for k, s in zip(STATS, stat_sums)},
+            "critic/value_mean": v_sum / n,
+            "critic/returns_mean": r_sum / n,
+            "critic/explained_var": 1.0 - var_error / var_returns if var_returns > 1e-12 else 0.0,
+            "critic/grad_norm": update["grad_norm"] / steps,
+            "critic/lr": update["lr"] / steps,
+            "critic/skipped_steps": update["skipped"],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.trainer.load_state_dict(state)
