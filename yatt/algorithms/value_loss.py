@@ -19,6 +19,8 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask
     larger, i.e. the clip took the gradient away) and value_pred_mean (V of this forward).
     """
     valid = mask.bool()
+    # masked first, so a non-finite value there cannot reach the gradient (0 * inf = NaN in backward)
+    values, old_values, returns = (torch.where(valid, x, 0.0) for x in (values, old_values, returns))
     plain = (values - returns) ** 2
     if clip is None:
         loss, clipped_active = 0.5 * plain, torch.zeros_like(valid)
