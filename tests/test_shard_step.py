@@ -168,6 +168,8 @@ ALGORITHMS = {
     "recompute_truncated_is_adaptive_kl": ["algorithm.old_logprobs=recompute", "algorithm.rollout_is.mode=truncate",
                                            "algorithm.kl_coef=0.1", "algorithm.kl_control.kind=adaptive",
                                            "algorithm.kl_control.target_kl=1e-6", "algorithm.kl_control.horizon=64"],
+    "ppo_critic_kl_reward": ["algorithm.advantage.kind=gae", "algorithm.kl_coef=0.05", "algorithm.kl_mode=reward",
+                             "critic.loss_agg=seq-mean-token-mean"],
 }
 
 
