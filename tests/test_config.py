@@ -8,7 +8,7 @@ import pytest
 
 from yatt.config import check_run, load_experiment
 from yatt.config_loading import ConfigError
-from yatt.models.tiny import write_tiny_model
+from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -161,3 +161,27 @@ def test_an_unwritable_run_directory_stops_the_launcher_with_one_line_before_eng
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "run.output_dir: cannot write to" in lines[0] and "Traceback" not in proc.stderr
     assert not list((tmp_path).glob("**/logs"))  # nothing (no engine) started
+
+
+def test_the_critic_section_follows_the_estimator_and_is_checked_without_files(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir)
+    assert not load_experiment(path).uses_critic  # grpo: no critic
+    cfg = load_experiment(path, ["algorithm.advantage.kind=gae"])
+    assert cfg.uses_critic and cfg.critic_path == model_dir and cfg.critic.enabled is None  # not rewritten
+    assert cfg.critic.value_clip == 0.2 and cfg.critic.loss_agg is None and cfg.critic.warmup_steps == 0
+    assert load_experiment(path, ["critic.enabled=true"]).uses_critic  # by hand, with grpo
+    cases = {("algorithm.advantage.kind=gae", "critic.enabled=false"): "reads a critic's values, but critic.enabled",
+             ("algorithm.advantage.kind=gae", "critic.warmup_steps=40"): "critic.warmup_steps=40 would leave no step",
+             ("critic.loss_agg=sum",): "unknown critic.loss_agg 'sum'",
+             ("critic.lr=0",): "critic.lr",
+             ("critic.value_clip=-1",): "critic.value_clip"}
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_experiment(path, list(overrides))
+        assert message in str(err.value), (overrides, str(err.value))
+    cfg = load_experiment(path, ["algorithm.advantage.kind=gae", f"critic.model={tmp_path / 'nope'}"])
+    with pytest.raises(ConfigError, match="critic.model: model folder not found"):
+        check_run(cfg, 1, str(path))
+    small = write_tiny_model(tmp_path / "small", TinyModelConfig(alphabet="01"))
+    with pytest.raises(ConfigError, match="critic.model: its vocab_size .* smaller than the policy's tokenizer"):
+        check_run(load_experiment(path, ["algorithm.advantage.kind=gae", f"critic.model={small}"]), 1, str(path))
