@@ -185,3 +185,5 @@ def test_the_critic_section_follows_the_estimator_and_is_checked_without_files(t
     small = write_tiny_model(tmp_path / "small", TinyModelConfig(alphabet="01"))
     with pytest.raises(ConfigError, match="critic.model: its vocab_size .* smaller than the policy's tokenizer"):
         check_run(load_experiment(path, ["algorithm.advantage.kind=gae", f"critic.model={small}"]), 1, str(path))
+    ppo = load_experiment(REPO / "configs" / "quickstart_ppo.yaml")  # the shipped config validates as PPO
+    assert ppo.uses_critic and ppo.algorithm.advantage.kind == "gae" and ppo.critic.warmup_steps == 10

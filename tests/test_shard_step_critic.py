@@ -66,3 +66,13 @@ def test_warm_up_steps_train_only_the_critic(ppo):
     assert metrics["actor/entropy"] > 0 and metrics["rollout/trainer_logprob_diff_mean"] > 0
     metrics = shard.step(2)
     assert changed(policy, shard.trainer) and metrics["critic/warmup"] == 0.0 and metrics["actor/grad_norm"] > 0
+
+
+def test_a_critic_enabled_by_hand_trains_beside_another_estimator(tmp_path):
+    with fake_shard(tmp_path, "critic.enabled=true") as (shard, _):
+        assert shard.algorithm.estimator.config.__name__ == "GRPOConfig" and shard.critic is not None
+        critic = weights(shard.critic.trainer)
+        metrics = shard.step(1)
+        # targets: the undiscounted returns, here the outcome reward on every token
+        assert metrics["critic/returns_mean"] == pytest.approx(8 / 64) and changed(critic, shard.critic.trainer)
+        assert metrics["actor/grad_norm"] > 0

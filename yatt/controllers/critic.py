@@ -13,6 +13,8 @@ from typing import Any
 from torch import Tensor
 
 from yatt.algorithms.aggregation import aggregate_loss, masked_sum
+from yatt.algorithms.base import AdvantageInput
+from yatt.algorithms.gae import critic_targets
 from yatt.algorithms.value_loss import clipped_value_loss
 from yatt.distributed import World
 from yatt.trainers.base import LossFn, Trainer
@@ -35,6 +37,11 @@ class Critic:
     def values(self, batch: TokenBatch) -> Tensor:
         """V at every response token before this step's update [B, L-1], 0 outside the mask."""
         return self.trainer.values(batch)
+
+    def targets(self, inp: AdvantageInput, returns: Tensor | None) -> Tensor:
+        """What the values regress to: the estimator's returns (gae), or with an estimator that computes none
+        (critic.enabled: true by hand) the undiscounted returns of the same token rewards."""
+        return returns if returns is not None else critic_targets(inp)
 
     def objective(self, num_tokens: float, num_seqs: float) -> LossFn:
         """The clipped value loss against mb.extras["returns"], around mb.extras["values"] (the values the
@@ -69,9 +76,10 @@ class Critic:
                     totals[k] = totals.get(k, 0.0) + v
         return totals
 
-    def metrics(self, batch: TokenBatch, update: dict[str, float]) -> dict[str, float]:
+    def metrics(self, batch: TokenBatch, update: dict[str, float], warming_up: bool = False) -> dict[str, float]:
         """critic/* over all ranks: the update's means, and how well the old values explained the returns
-        (explained_var = 1 - Var(returns - values) / Var(returns), over every response token)."""
+        (explained_var = 1 - Var(returns - values) / Var(returns), over every response token); warmup is 1 in
+        a step that trained only the critic."""
         mask, values, returns = batch.mask, batch.extras["values"], batch.extras["returns"]
         error = returns - values
         local = [update["tokens"], *(update[k] for k in STATS), float(mask.sum()), float(masked_sum(values, mask)),
@@ -90,6 +98,7 @@ class Critic:
             "critic/grad_norm": update["grad_norm"] / steps,
             "critic/lr": update["lr"] / steps,
             "critic/skipped_steps": update["skipped"],
+            "critic/warmup": float(warming_up),
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from yatt.algorithms import kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.algorithms.base import AdvantageInput
-from yatt.algorithms.gae import critic_targets
 from yatt.balance.exchange import rebalance
 from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.checkpoint.export import export_snapshot
@@ -149,8 +148,8 @@ class ControllerShard:
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
             if ref_lp is not None:
                 batch.extras["ref_logprobs"] = ref_lp
-            if self.critic is not None:  # an estimator without value targets (a critic enabled by hand): returns
-                batch.extras.update(values=values, returns=returns if returns is not None else critic_targets(inp))
+            if self.critic is not None:
+                batch.extras.update(values=values, returns=self.critic.targets(inp, returns))
             with timer("update"):
                 critic_update = self.critic.update(batch, minis) if self.critic else None
                 update = self._update(batch, minis if policy_trains else [], entropy)
@@ -160,7 +159,7 @@ class ControllerShard:
         self.samples_trained += len(trained)
         metrics = self._step_metrics(trained, batch, entropy, ref_lp, update, timer)
         if self.critic is not None:
-            metrics.update(self.critic.metrics(batch, critic_update), **{"critic/warmup": float(not policy_trains)})
+            metrics.update(self.critic.metrics(batch, critic_update, warming_up=not policy_trains))
         # after the update: with old_logprobs=reuse its first forwards filled in the on-policy rows' log-probs
         metrics.update(self.algorithm.mismatch_metrics(batch, self.world))
         metrics["actor/kl_coef"] = self.algorithm.kl_coef  # the coefficient this step used
@@ -396,8 +395,8 @@ class ControllerShard:
     def replicated(self) -> tuple[str, ...]:
         """Parts of state_dict() that are the same on every rank: a checkpoint stores them once, from rank 0
         (a trainer whose ranks hold shards of the model saves its own part on every rank instead)."""
-        return tuple(name for name, part in (("trainer", self.trainer), ("critic", self.critic and self.critic.trainer))
-                     if part is not None and part.replicated)
+        parts = {"trainer": self.trainer, **({"critic": self.critic.trainer} if self.critic else {})}
+        return tuple(name for name, part in parts.items() if part.replicated)
 
     def state_dict(self) -> dict[str, dict]:
         """Everything resuming needs, as named component states (live references; yatt.checkpoint copies
