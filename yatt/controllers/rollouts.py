@@ -7,7 +7,7 @@ from yatt.data.rollout import Rollout
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec
-from yatt.engines.client import EngineClient
+from yatt.engines.pool import EnginePool, Request
 from yatt.rewards.rules import score
 
 
@@ -21,13 +21,18 @@ def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> in
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def generate_rollouts(engine: EngineClient, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
+def generate_rollouts(pool: EnginePool, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
                       tokenizer, seeds: list[int] | None) -> list[Rollout]:
-    """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G))."""
-    per_prompt = engine.generate(prompt_ids, sampling, seeds)
+    """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)).
+
+    Through a pool, so an engine that dies during the call is replaced (or its prompts re-routed) and only
+    its unanswered prompts are sent again, with the same seeds: the result is what a live engine gives."""
+    seeds = seeds if seeds is not None else [None] * len(prompt_ids)
+    pool.submit([Request(f"p{i}", ids, seed, sampling) for i, (ids, seed) in enumerate(zip(prompt_ids, seeds))])
+    done = pool.drain()
     rollouts = []
-    for row, ids, completions in zip(rows, prompt_ids, per_prompt):
-        for c in completions:
+    for i, (row, ids) in enumerate(zip(rows, prompt_ids)):
+        for c in done[f"p{i}"]:
             rollouts.append(Rollout(row, ids, list(c.token_ids), list(c.logprobs), c.finish_reason,
                                     text=tokenizer.decode(c.token_ids, skip_special_tokens=True)))
     return rollouts

@@ -220,7 +220,8 @@ class ControllerShard:
         verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""
         prompt_ids = encode_prompts(rows, self.tokenizer, self.cfg.data.max_prompt_tokens)
         with self.placement.own("rollout"):
-            greedy = generate_rollouts(self.engines.rollout, rows, prompt_ids, self.greedy, self.tokenizer, None)
+            greedy = generate_rollouts(self.engines.pool(ROLLOUT, [self.world.rank]), rows, prompt_ids,
+                                        self.greedy, self.tokenizer, None)
         score_rollouts(greedy)
         group = self.cfg.rollout.group_size
         for i, g in enumerate(greedy):
@@ -373,7 +374,11 @@ class ControllerShard:
         judge_busy = sum(busy.values())
         train_busy = timer.seconds["logprobs"] + timer.seconds["update"]
         owned = self.placement.take_metrics()
-        load = summed(self.world, {"load/rollout_busy_s": rollout_busy, "load/genrm_busy_s": judge_busy})
+        load = summed(self.world, {"load/rollout_busy_s": rollout_busy, "load/genrm_busy_s": judge_busy,
+                                   "restarts": float(self.engines.take_restarts())})  # during this step
+        restarted += int(load.pop("restarts"))
+        if restarted:
+            self.engines.forget_endpoints()
         split = self.schedule.split
         out = {**load, **maxed(self.world, {"placement/switch_s": owned["placement/switch_s"],
                                             "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
@@ -434,8 +439,8 @@ class ControllerShard:
         rollouts = []
         if self.eval_rows:  # a rank may hold no held-out rows; it still joins the sums
             with self.placement.own("rollout"):
-                rollouts = generate_rollouts(self.engines.rollout, self.eval_rows, self.eval_prompt_ids, self.greedy,
-                                             self.tokenizer, None)
+                rollouts = generate_rollouts(self.engines.pool(ROLLOUT, [self.world.rank]), self.eval_rows,
+                                             self.eval_prompt_ids, self.greedy, self.tokenizer, None)
             score_rollouts(rollouts)
         self.last_eval = rollouts
         full, total, count = self.world.sum([float(sum(r.reward >= 1.0 for r in rollouts)),

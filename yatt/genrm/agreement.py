@@ -22,6 +22,7 @@ from yatt.controllers.rollouts import encode_prompts, generate_rollouts
 from yatt.data.sources import load_shard
 from yatt.engines.base import SamplingSpec
 from yatt.engines.client import spawn_engine
+from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import Judge
 from yatt.rewards.rules import score as rule_score
 
@@ -38,7 +39,7 @@ def measure(config: str, samples: int, seed: int = 0) -> dict:
                             logprobs=False)
     with spawn_engine(str(cfg.model.path), cfg.rollout.engine, seed, logs / "policy.log") as policy:
         prompt_ids = encode_prompts(rows, tokenizer, cfg.data.max_prompt_tokens)
-        rollouts = generate_rollouts(policy, rows, prompt_ids, sampling, tokenizer,
+        rollouts = generate_rollouts(EnginePool({"policy": policy}), rows, prompt_ids, sampling, tokenizer,
                                      [seed * 1_000_003 + i * samples for i in range(len(rows))])
     rule = [rule_score(r.text, r.row) >= 1.0 for r in rollouts]
     report = {"config": config, "responses": len(rollouts), "rule_correct_frac": sum(rule) / len(rule), "judges": {}}

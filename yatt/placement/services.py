@@ -60,7 +60,7 @@ class EngineServices:
         # () -> the policy's weight buckets; set by the shard, pushed into a restarted rollout engine
         self.policy_weights: Callable[[], Iterator[NamedTensors]] | None = None
         self.generation = 0
-        self.restarted_since_heal = 0  # engines push_weights restarted: heal counts them and refreshes endpoints
+        self.uncounted_restarts = 0  # engines restarted since take_restarts last counted them
         for role in self.specs:
             self._start(role)
         self._remote: dict[tuple[str, int], EngineClient] = {}
@@ -107,7 +107,7 @@ class EngineServices:
         for role in failed:
             self.local[role].close()
             self._start(role)
-            self.restarted_since_heal += 1
+            self.uncounted_restarts += 1
 
     def sleep(self, kind: str) -> list[dict]:
         """Offload this rank's `kind` engines (ROLLOUT or "genrm"); one found dead is restarted (and slept)."""
@@ -128,21 +128,31 @@ class EngineServices:
                       "restarting it", flush=True)
                 self.local[role].close()
                 out.append(getattr(self._start(role), method)())
-                self.restarted_since_heal += 1
+                self.uncounted_restarts += 1
         return out
 
     def heal(self) -> int:
-        """Restart this rank's dead engines (called between steps, by every rank); returns how many."""
+        """Restart this rank's dead engines (called between steps, by every rank); returns how many were
+        restarted on all ranks since the last count (these and e.g. the evaluation's)."""
         dead = [role for role, c in self.local.items() if not c.alive()]
         for role in dead:
             self.local[role].close()
             self._start(role)
-        restarted = int(self.world.sum([float(len(dead) + self.restarted_since_heal)])[0])
-        self.restarted_since_heal = 0
+        restarted = int(self.world.sum([float(len(dead) + self.take_restarts())])[0])
         if restarted:
-            self._remote.clear()  # endpoints changed; look them up again
-            self.world.barrier()
+            self.forget_endpoints()
+            self.world.barrier()  # every restarted engine's new endpoint is published before anyone looks
         return restarted
+
+    def take_restarts(self) -> int:
+        """This rank's engines restarted since the last call: by a pool (generation, judging, evaluation),
+        a wake or a failed weight push. The step sums them over ranks at its end."""
+        count, self.uncounted_restarts = self.uncounted_restarts, 0
+        return count
+
+    def forget_endpoints(self) -> None:
+        """Look other ranks' engines up again (some were restarted at a new endpoint)."""
+        self._remote.clear()
 
     def client(self, role: str, rank: int) -> EngineClient:
         if rank == self.world.rank:
@@ -161,7 +171,11 @@ class EngineServices:
 
         def respawn(_: str) -> EngineClient:
             own = self.local[kind]
-            return own if own.alive() else self._start(kind)
+            if own.alive():
+                return own
+            own.close()
+            self.uncounted_restarts += 1
+            return self._start(kind)
         return EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks for role in roles}, respawn=respawn)
 
     def busy_seconds(self) -> dict[str, float]:

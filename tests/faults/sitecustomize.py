@@ -1,0 +1,73 @@
+"""Fault injection for tests/test_engine_kill_e2e.py (not a test).
+
+Python imports `sitecustomize` at start-up from the path, so a run whose PYTHONPATH begins with this folder
+loads it in every process. In rank 0 only (engine processes are spawned without torchrun's RANK) it wraps
+the seams the controller calls and SIGKILLs one of the rank's own engines at each phase listed in
+YATT_TEST_KILL, e.g. "generate@1,judge@2,train@2,sync@3,eval@2" (phase@step, each once):
+
+- generate / judge: right after the step's rollout / judge requests were submitted to the engine;
+- train: when the update starts, while the rollout engine sleeps (it is found dead at the next wake);
+- sync: when the weight push starts (the engine dies under the update);
+- eval: just before the held-out evaluation that follows step N.
+
+Each kill is logged to YATT_TEST_KILL_LOG, so the test can check that every one happened.
+"""
+
+import os
+import signal
+
+_SPEC = os.environ.get("YATT_TEST_KILL", "")
+
+if _SPEC and os.environ.get("RANK") == "0":
+    from yatt.controllers.shard import ControllerShard
+    from yatt.engines.pool import EnginePool
+    from yatt.placement.services import ROLLOUT, EngineServices
+
+    pending = {tuple((p.split("@")[0], int(p.split("@")[1]))) for p in _SPEC.split(",")}
+    state = {"step": 0, "services": None, "evaluating": False}
+
+    def kill(phase: str, role_prefix: str) -> None:
+        if (phase, state["step"]) not in pending:
+            return
+        pending.discard((phase, state["step"]))
+        services = state["services"]
+        role = next(r for r in services.local if r.startswith(role_prefix))
+        os.kill(services.local[role].pid, signal.SIGKILL)
+        with open(os.environ["YATT_TEST_KILL_LOG"], "a") as log:
+            log.write(f"{phase}@{state['step']} {role}\n")
+
+    step, evaluate = ControllerShard.step, ControllerShard.evaluate
+
+    def traced_step(self, n):
+        state["step"], state["services"] = n, self.engines
+        return step(self, n)
+
+    def traced_evaluate(self):
+        state["step"], state["services"] = getattr(self, "last_step", 0), self.engines
+        kill("eval", ROLLOUT)
+        state["evaluating"] = True
+        try:
+            return evaluate(self)
+        finally:
+            state["evaluating"] = False
+
+    submit = EnginePool.submit
+
+    def traced_submit(self, requests):
+        submit(self, requests)
+        if state["services"] is not None and not state["evaluating"]:
+            judging = any(name.startswith("genrm-") for name in self.engines)
+            kill("judge", "genrm-") if judging else kill("generate", ROLLOUT)
+
+    update, push_weights = ControllerShard._update, EngineServices.push_weights
+
+    def traced_update(self, *args):
+        kill("train", ROLLOUT)
+        return update(self, *args)
+
+    def traced_push_weights(self, buckets):
+        kill("sync", ROLLOUT)
+        return push_weights(self, buckets)
+
+    ControllerShard.step, ControllerShard.evaluate, ControllerShard._update = traced_step, traced_evaluate, traced_update
+    EnginePool.submit, EngineServices.push_weights = traced_submit, traced_push_weights

@@ -1,0 +1,86 @@
+"""kill -9 of an engine in every phase of a run is survived: the run completes with the metrics and the
+policy of an uninterrupted run, and only the restart counters tell them apart.
+
+Two real 2-rank runs (hf engines, a tiny judge, GenRM mixed with the rule, full placement, 4 steps, evals
+after steps 0, 2 and 4): one undisturbed, one in which rank 0's engines are SIGKILLed during generation
+(step 1), judging (step 2), training while the rollout engine sleeps (step 3), the weight sync (step 4) and
+the evaluation after step 2 (tests/faults/sitecustomize.py does the killing)."""
+
+import json
+import math
+import os
+
+import pytest
+from safetensors.torch import load_file
+
+from e2e import REPO, experiment, torchrun
+from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
+pytestmark = pytest.mark.engine
+TINY = dict(alphabet="0123456789+=:?yesno", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1)
+KILLS = ["generate@1", "judge@2", "train@3", "sync@4", "eval@2"]
+# what an engine restart may change: timings, throughput, restart/re-route counters, idle fractions
+VOLATILE = ("elapsed_s", "time/", "perf/", "load/", "device", "placement/switch_s", "placement/idle_frac",
+            "placement/engine_restarts")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("kill")
+    judge = write_tiny_model(tmp / "judge", TinyModelConfig(**TINY, max_position_embeddings=32), seed=4)
+    config = experiment(tmp, f"""
+rollout: {{group_size: 8, max_new_tokens: 2, engine: {{backend: hf}}}}
+reward:
+  kind: genrm_with_rule
+  judges:
+    - name: j
+      model: {judge}
+      template: "{{question}}{{reference}}:{{response}}?"
+      max_tokens: 3
+      unparseable_score: 0.5
+      engine: {{backend: hf}}
+algorithm: {{mini_batches: 2}}
+trainer: {{lr: 0.01, micro_batch_size: 32}}
+run: {{output_dir: {tmp / 'runs'}, steps: 4, eval_every: 2}}
+""", model=TinyModelConfig(**TINY), name="kill.yaml")
+    log = tmp / "kills.log"
+    faults = {"YATT_TEST_KILL": ",".join(KILLS), "YATT_TEST_KILL_LOG": str(log),
+              "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "faults"), str(REPO)])}
+    out = {}
+    for name, extra in (("calm", {}), ("killed", faults)):
+        proc = torchrun(config, "--placement", "full", f"run.name={name}", cwd=tmp, extra_env=extra)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        run_dir = tmp / "runs" / name
+        out[name] = ([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()],
+                     load_file(run_dir / "policy" / "model.safetensors"), proc.stdout)
+    return out, log.read_text().splitlines()
+
+
+def test_every_phase_had_its_engine_killed(runs):
+    _, kills = runs
+    assert sorted(line.split()[0] for line in kills) == sorted(KILLS), kills
+    assert [line.split()[1] for line in kills if line.startswith("judge")] == ["genrm-j"]
+
+
+def test_the_killed_run_equals_the_calm_one_but_for_restart_counters(runs):
+    (calm, calm_policy, _), (killed, killed_policy, _) = runs[0]["calm"], runs[0]["killed"]
+    assert [r["step"] for r in killed] == [r["step"] for r in calm] == [0, 1, 2, 3, 4]
+    for a, b in zip(calm, killed):
+        assert set(a) == set(b)
+        for key in a:
+            if key.startswith(VOLATILE) or key.endswith(("/rerouted", "/respawned", "/duplicates_dropped",
+                                                          "/max_queue", "judged_per_busy_s")):
+                continue
+            assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-6), (a["step"], key, a[key], b[key])
+    assert calm_policy.keys() == killed_policy.keys()
+    assert max(float((calm_policy[k] - killed_policy[k]).abs().max()) for k in calm_policy) < 1e-6
+
+
+def test_every_restart_is_counted(runs):
+    calm, killed = runs[0]["calm"][0], runs[0]["killed"][0]
+    assert sum(r.get("placement/engine_restarts", 0) for r in calm) == 0
+    # each in the step it happened in (the evaluation's in the next step); generation's and judging's dead
+    # engines are respawned by their pools, which count them too
+    assert sum(r.get("placement/engine_restarts", 0) for r in killed) == len(KILLS)
+    assert sum(r.get("rollout/respawned", 0) for r in killed) >= 1 and sum(r.get("genrm/j/respawned", 0) for r in killed) >= 1
