@@ -117,3 +117,16 @@ def test_state_round_trip(policy):
     other.load_state_dict(c.state_dict())
     torch.testing.assert_close(other.values(b), c.values(b), atol=0, rtol=0)
     assert other.trainer.optimizer_steps == 1 and other.trainer.optimizer.state_dict()["state"]
+
+
+def test_the_console_line_shows_the_critic(tmp_path):
+    from yatt.controllers.metrics import MetricsLogger
+
+    m = {"reward/mean": 0.5, "response/length_mean": 2.0, "actor/entropy": 0.3, "actor/clip_frac": 0.0,
+         "actor/grad_norm": 0.0, "time/generate_s": 1.0, "time/update_s": 1.0, "time/sync_s": 0.1,
+         "perf/gen_tokens_per_s": 100.0, "critic/value_loss": 0.1234, "critic/explained_var": 0.5,
+         "critic/warmup": 1.0}
+    line = MetricsLogger(tmp_path / "m.jsonl", 5, enabled=False).console_line(1, m, 1.0)
+    assert "vloss 0.1234 ev 0.50 w |" in line
+    assert "vloss" not in MetricsLogger(tmp_path / "m.jsonl", 5, enabled=False).console_line(
+        1, {k: v for k, v in m.items() if not k.startswith("critic/")}, 1.0)

@@ -46,6 +46,9 @@ class MetricsLogger:
             parts.append(f"len {m['response/length_mean']:.1f}")
             parts.append(f"ent {m['actor/entropy']:.3f} clip {m['actor/clip_frac']:.3f} "
                          f"gnorm {m['actor/grad_norm']:.2f}")
+            if "critic/value_loss" in m:  # PPO with a critic (w: a warm-up step, the policy did not train)
+                parts.append(f"vloss {m['critic/value_loss']:.4f} ev {m['critic/explained_var']:.2f}"
+                             + (" w" if m.get("critic/warmup") else ""))
             parts.append(f"gen {m['time/generate_s']:.2f}s upd {m['time/update_s']:.2f}s "
                          f"sync {m['time/sync_s']:.2f}s {m['perf/gen_tokens_per_s']:.0f} tok/s")
         eta = elapsed / step * (self.total_steps - step) if step else math.nan
