@@ -16,6 +16,7 @@ from yatt.algorithms.aggregation import aggregate_loss, masked_sum
 from yatt.algorithms.base import AdvantageInput
 from yatt.algorithms.gae import critic_targets
 from yatt.algorithms.value_loss import clipped_value_loss
+from yatt.controllers.minibatches import global_mini_batches
 from yatt.distributed import World
 from yatt.trainers.base import LossFn, Trainer
 from yatt.trainers.batch import TokenBatch
@@ -63,17 +64,11 @@ class Critic:
         """One optimizer step per mini-batch of every epoch (the policy's rows); sums of the loss stats, plus
         grad_norm, lr and skipped summed over the optimizer steps. batch.extras holds values and returns."""
         totals = dict.fromkeys(("tokens", *STATS, "grad_norm", "lr", "skipped", "optimizer_steps"), 0.0)
-        for minis in epochs:
-            for rows in minis:
-                mini = batch.select(rows)
-                tokens, seqs = self.world.sum([float(mini.mask.sum()), float(len(mini))])
-                if seqs == 0:
-                    continue  # no rank has data for this mini-batch (all ranks agree)
-                stats = self.trainer.train_mini_batch(mini, self.objective(tokens / self.world.size,
-                                                                           seqs / self.world.size))
-                stats["optimizer_steps"] = 1.0
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
+        for _, mini, tokens, seqs in global_mini_batches(self.world, batch, epochs):
+            stats = self.trainer.train_mini_batch(mini, self.objective(tokens, seqs))
+            stats["optimizer_steps"] = 1.0
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
         return totals
 
     def metrics(self, batch: TokenBatch, update: dict[str, float], warming_up: bool = False) -> dict[str, float]:

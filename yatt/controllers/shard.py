@@ -27,6 +27,7 @@ from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
 from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
 from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
+from yatt.controllers.minibatches import global_mini_batches
 from yatt.controllers.rollouts import encode_prompts, generate_rollouts, sample_seed, score_rollouts
 from yatt.data.rollout import Rollout
 from yatt.data.prepare import RankData, load_rank_data
@@ -291,24 +292,17 @@ class ControllerShard:
         batch.extras["row"] = torch.arange(len(batch))
         # the same keys on every rank, even one that holds no samples
         totals = dict.fromkeys(("tokens", *self.algorithm.stats, "grad_norm", "lr", "skipped", "optimizer_steps"), 0.0)
-        for epoch, minis in enumerate(epochs):
-            for rows in minis:
-                mini = batch.select(rows)
-                tokens, seqs = self.world.sum([float(mini.mask.sum()), float(len(mini))])
-                if seqs == 0:
-                    continue  # no rank has data for this mini-batch (all ranks agree)
-                loss_fn = self.algorithm.objective(tokens / self.world.size, seqs / self.world.size,
-                                                   norm_length=self.cfg.rollout.max_new_tokens)
-                # entropies for the metrics where no pass computed them
-                record = epoch == 0 and (self.cfg.algorithm.old_logprobs == "rollout"
-                                         or bool(mini.extras["on_policy"].any()))
-                if record:
-                    loss_fn = _recording(loss_fn, batch.extras["old_logprobs"], entropy)
-                stats = self.trainer.train_mini_batch(mini, loss_fn,
-                                                      with_entropy=record or self.algorithm.needs_entropy)
-                stats["optimizer_steps"] = 1.0
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
+        for epoch, mini, tokens, seqs in global_mini_batches(self.world, batch, epochs):
+            loss_fn = self.algorithm.objective(tokens, seqs, norm_length=self.cfg.rollout.max_new_tokens)
+            # entropies for the metrics where no pass computed them
+            record = epoch == 0 and (self.cfg.algorithm.old_logprobs == "rollout"
+                                     or bool(mini.extras["on_policy"].any()))
+            if record:
+                loss_fn = _recording(loss_fn, batch.extras["old_logprobs"], entropy)
+            stats = self.trainer.train_mini_batch(mini, loss_fn, with_entropy=record or self.algorithm.needs_entropy)
+            stats["optimizer_steps"] = 1.0
+            for k, v in stats.items():
+                totals[k] = totals.get(k, 0.0) + v
         return totals
 
     # ---- metrics -----------------------------------------------------------------------------
