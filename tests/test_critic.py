@@ -130,3 +130,13 @@ def test_the_console_line_shows_the_critic(tmp_path):
     assert "vloss 0.1234 ev 0.50 w |" in line
     assert "vloss" not in MetricsLogger(tmp_path / "m.jsonl", 5, enabled=False).console_line(
         1, {k: v for k, v in m.items() if not k.startswith("critic/")}, 1.0)
+
+
+def test_a_saved_critic_folder_starts_the_next_critic(policy, tmp_path):
+    """critic.model may name a folder a value model wrote (its trained head is loaded, not a new one)."""
+    from transformers import AutoTokenizer
+
+    trained = value_model(policy, seed=0)
+    trained.save_hf(tmp_path / "critic", AutoTokenizer.from_pretrained(str(policy)))
+    again = value_model(tmp_path / "critic", seed=1)  # another seed: a new head would differ
+    torch.testing.assert_close(again.values(batch()), trained.values(batch()), atol=0, rtol=0)
