@@ -40,6 +40,9 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: Path = Field(description="Local Hugging Face model folder (config.json, weights, tokenizer).")
+    freeze_vision: bool = Field(False, description="Vision-language policy: keep the vision tower's weights fixed "
+                                "(no gradients, no optimizer state, not sent to engines); the connector and "
+                                "the decoder train. No effect on a text policy.")
 
 
 class FileSource(Section):

@@ -37,7 +37,8 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
     torch.manual_seed(cfg.run.seed)
     backend = TRAINERS.get(cfg.trainer.backend)
     optimizer_steps = cfg.run.steps * cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches
-    trainer = backend(cfg.model.path, cfg.trainer, world, total_steps=optimizer_steps)
+    trainer = backend(cfg.model.path, cfg.trainer, world, total_steps=optimizer_steps,
+                      freeze_vision=cfg.model.freeze_vision)
     ref = backend(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
     return Components(tokenizer=AutoTokenizer.from_pretrained(str(cfg.model.path)), trainer=trainer, ref=ref,
                       engines=EngineServices(cfg, world, run_dir, spawn), algorithm=Algorithm(cfg.algorithm))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from yatt.data import images as image_files
 from yatt.data.rows import PromptRow
 from yatt.models.vision import ImageInputs, Pixels
@@ -42,3 +44,21 @@ def load_batch_images(rows: list[PromptRow], inputs: ImageInputs | None, prompt_
         expanded, pixels = inputs.encode(ids, data, row.where)
         out.append(PromptImages(list(ids), data, expanded, pixels))
     return out
+
+
+def stack_pixels(rollouts) -> dict[str, torch.Tensor]:
+    """The trainer's pixel inputs for a batch of rollouts, one row each ({} for text rollouts). Rows must share
+    one image layout (count and size of images): mixing text and image rows, or different layouts, in one
+    batch is not supported yet and is refused here rather than mis-aligned."""
+    with_images = [r.vision is not None for r in rollouts]
+    if not any(with_images):
+        return {}
+    if not all(with_images):
+        raise ValueError("a training batch mixes text and image prompts; not supported yet")
+    first = rollouts[0].vision.pixels
+    layout = {k: tuple(v.shape[1:]) for k, v in first.items()}
+    for r in rollouts:
+        if {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} != layout:
+            raise ValueError(f"image prompts of one batch have different image layouts ({layout} vs "
+                             f"{ {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} }); not supported yet")
+    return {k: torch.cat([r.vision.pixels[k] for r in rollouts]) for k in first}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from yatt.controllers.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rows import PromptRow
@@ -22,14 +23,19 @@ def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> in
 
 
 def generate_rollouts(engine: EngineClient, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
-                      tokenizer, seeds: list[int] | None) -> list[Rollout]:
-    """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G))."""
-    per_prompt = engine.generate(prompt_ids, sampling, seeds)
+                      tokenizer, seeds: list[int] | None, images: list[PromptImages | None] | None = None
+                      ) -> list[Rollout]:
+    """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)). `images`: the
+    rows' loaded images (yatt.controllers.images), None for text rows."""
+    images = images or [None] * len(rows)
+    wire = [im.images if im else None for im in images]
+    per_prompt = engine.generate(prompt_ids, sampling, seeds, **({"images": wire} if any(wire) else {}))
     rollouts = []
-    for row, ids, completions in zip(rows, prompt_ids, per_prompt):
+    for row, ids, im, completions in zip(rows, prompt_ids, images, per_prompt):
         for c in completions:
-            rollouts.append(Rollout(row, ids, list(c.token_ids), list(c.logprobs), c.finish_reason,
-                                    text=tokenizer.decode(c.token_ids, skip_special_tokens=True)))
+            rollouts.append(Rollout(row, im.prompt_ids if im else ids, list(c.token_ids), list(c.logprobs),
+                                    c.finish_reason, text=tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                    vision=im))
     return rollouts
 
 

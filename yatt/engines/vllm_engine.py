@@ -123,18 +123,28 @@ class VLLMEngine:
 
     # ---- streaming: requests are added, the engine is stepped, finished groups come out -------
     def add_requests(
-        self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None
+        self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None,
+        images: list[list[bytes] | None] | None = None,
     ) -> None:
-        """Queue prompts without running them; `step` advances all queued requests together."""
+        """Queue prompts without running them; `step` advances all queued requests together.
+
+        A prompt's images (encoded bytes) go in as multi_modal_data; vLLM expands each placeholder token with
+        the model's processor itself (ids that are already expanded would be expanded again)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
+
+        from yatt.data.images import decode_image
 
         if self.sleeping:
             raise RuntimeError("engine is asleep; call wake() first")
         for i, (rid, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
             params = self._sampling_params(sampling, None if seeds is None else int(seeds[i]))
             params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per prompt, all n samples
-            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), params)
+            request = TokensPrompt(prompt_token_ids=list(prompt))
+            if images is not None and images[i]:
+                request["multi_modal_data"] = {"image": [decode_image(b, "image bytes", f"request {rid}")
+                                                         for b in images[i]]}
+            self.llm.llm_engine.add_request(rid, request, params)
         self._want_logprobs.update({rid: sampling.logprobs for rid in request_ids})
 
     def step(self) -> list[tuple[str, list[Completion]]]:

@@ -63,7 +63,10 @@ class TokenScorer(nn.Module):
 
     def forward(self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float,
                 with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        hidden = self.lm.get_decoder()(**model_kwargs, use_cache=False).last_hidden_state
+        # a vision-language model: its base model (vision tower + connector + decoder) takes the pixel inputs;
+        # its get_decoder() would be the text decoder alone
+        body = self.lm.model if getattr(self.lm.config, "vision_config", None) is not None else self.lm.get_decoder()
+        hidden = body(**model_kwargs, use_cache=False).last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, select)
         return head_scores(hidden, self.lm.get_output_embeddings(), targets, temperature, with_entropy,
                            self.chunk_tokens)

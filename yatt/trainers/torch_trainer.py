@@ -2,6 +2,11 @@
 
 Implements `yatt.trainers.base.Trainer`. Every rank holds the whole model and optimizer state (DDP keeps
 them identical), so checkpoints store them once and weights go to engines from the local copy.
+
+A vision-language policy (yatt.models.vision) trains on the padded path: packing lays sequences end to end
+through the decoder's attention only, and the vision tower's attention must not see the packed-attention
+hooks, so `pack_sequences` is ignored for it (stated in `self.packed`). Its micro-batches carry the pixel
+inputs with the ids; the vision tower trains unless `freeze_vision`.
 """
 
 from __future__ import annotations
@@ -15,12 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoModelForCausalLM
 
 from yatt.balance.packing import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
 from yatt.engines.base import DTYPES, NamedTensors, weight_buckets
+from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
 from yatt.trainers.packing import attention_implementation, model_inputs
@@ -49,11 +54,18 @@ class TorchTrainer:
     replicated = True
 
     def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
-                 total_steps: int = 1):
+                 total_steps: int = 1, freeze_vision: bool = False):
         self.cfg, self.world, self.trainable = cfg, world, trainable
-        extra = {"attn_implementation": attention_implementation(world.device)} if cfg.pack_sequences else {}
-        self.module = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=DTYPES[cfg.dtype],
-                                                           **extra).to(world.device)
+        self.vision = is_vision_model(model_path)
+        self.packed = cfg.pack_sequences and not self.vision
+        extra = {"attn_implementation": attention_implementation(world.device)} if self.packed else {}
+        self.module = load_policy(model_path, dtype=DTYPES[cfg.dtype], **extra).to(world.device)
+        self.frozen = set()  # parameters that never train (the vision tower with freeze_vision)
+        if self.vision and freeze_vision:
+            for name, p in self.module.named_parameters():
+                if vision_parameter(name):
+                    p.requires_grad_(False)
+                    self.frozen.add(name)
         self.scorer = TokenScorer(self.module, cfg.logprob_chunk_tokens)
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
@@ -68,7 +80,8 @@ class TorchTrainer:
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
             # gradients as views into DDP's all-reduce buckets: one copy of the gradients, not two
             self.model = DistributedDataParallel(self.scorer, device_ids=device_ids, gradient_as_bucket_view=True)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=cfg.betas,
+        self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.lr,
+                                           betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
@@ -77,13 +90,16 @@ class TorchTrainer:
         """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (real
         tokens when packed, padded slots when not)."""
         return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens,
-                                padded=not self.cfg.pack_sequences)
+                                padded=not self.packed)
 
     def _token_outputs(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
                        ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of mb's response tokens under softmax(logits / mb.temperature): [B, L-1],
         zero outside mb.mask."""
-        inputs = model_inputs(mb, self.cfg.pack_sequences)
+        inputs = model_inputs(mb, self.packed)
+        if mb.pixels:
+            dtype = next(self.module.parameters()).dtype
+            inputs.kwargs.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()})
         autocast = (torch.autocast(self.world.device.type, dtype=torch.bfloat16) if self.cfg.autocast == "bfloat16"
                     else nullcontext())
         with autocast:
@@ -134,7 +150,8 @@ class TorchTrainer:
                 loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
+                                                         self.cfg.grad_clip))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -146,7 +163,10 @@ class TorchTrainer:
     def _zero_loss(self) -> Tensor:
         """A pass through every parameter with zero gradient: keeps DDP in step on a rank out of data."""
         mb = TokenBatch.from_sequences([[0]], [[0]], pad_id=0).to(self.world.device)
-        return self._token_outputs(self.model, mb, False)[0].sum() * 0.0
+        loss = self._token_outputs(self.model, mb, False)[0].sum() * 0.0
+        if self.vision:  # a text pass leaves the vision tower out of the graph; DDP needs every trained weight in it
+            loss = loss + sum(p.reshape(-1)[0] for p in self.module.parameters() if p.requires_grad) * 0.0
+        return loss
 
     def _state_tensors(self) -> list[Tensor]:
         tensors = [p.data for p in self.module.parameters()]
@@ -186,7 +206,8 @@ class TorchTrainer:
         return [(name, p.detach()) for name, p in self.module.named_parameters()]
 
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        return weight_buckets(self.named_weights(), bucket_bytes)
+        """What engines must reload: every weight but the frozen ones (they never change)."""
+        return weight_buckets([(n, t) for n, t in self.named_weights() if n not in self.frozen], bucket_bytes)
 
     def state_dict(self) -> dict:
         """Live references (no copies) to what resuming needs: weights under HF names, AdamW state, the
