@@ -110,11 +110,16 @@ def test_vllm_engine_and_trainer_agree_on_image_prompts(setup, tmp_path):
         # a weight update reaches the vision tower: new vision weights change what vLLM computes
         before = client.generate(ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
                                  images=[im.images for im in loaded])
+        torch.manual_seed(0)
         vision = [(n, torch.randn_like(p) * 0.5) for n, p in trainer.named_weights() if vision_parameter(n)]
         client.update_weights(vision)
         after = client.generate(ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
                                 images=[im.images for im in loaded])
         assert any(abs(a[0].logprobs[0] - b[0].logprobs[0]) > 1e-4 for a, b in zip(before, after))
+        # and nothing stale is left (KV blocks, cached vision embeddings): it agrees with the trainer's new weights
+        trainer.load_state_dict({"model": {**dict(trainer.named_weights()), **dict(vision)}, "optimizer_steps": 0})
+        groups = client.generate(ids, SAMPLE, [10 * i for i in range(len(ids))], images=[im.images for im in loaded])
+        assert _max_gap(trainer, loaded, groups) < 1e-3
 
 
 @pytest.mark.parametrize("freeze", [False, True])

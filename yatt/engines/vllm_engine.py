@@ -100,6 +100,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.eos_token_id: int | None = self.llm.get_tokenizer().eos_token_id
+        self.multimodal = bool(self.llm.llm_engine.model_config.is_multimodal_model)
         self.startup_s = time.perf_counter() - t0
         self.sleeping = False
         self._want_logprobs: dict[str, bool] = {}
@@ -188,6 +189,12 @@ class VLLMEngine:
         # Cached KV blocks were computed with the old weights; without this, prompts sharing a
         # cached prefix would be continued from stale keys/values.
         self.llm.reset_prefix_cache()
+        if self.multimodal:
+            # Cached vision embeddings were computed with the old weights too; reloading weights leaves the
+            # scheduler's encoder-cache bookkeeping out of step with the runner's storage ("Encoder cache
+            # miss" on the next image prompt, measured): reset both, and the front end's processor cache.
+            self.llm.llm_engine.reset_encoder_cache()
+            self.llm.reset_mm_cache()
         self.weight_updates += 1
         self.last_update_s = time.perf_counter() - t0
 
