@@ -438,13 +438,20 @@ class ControllerShard:
         return {"eval/accuracy": full / count, "eval/score": total / count, "eval/count": count,
                 "time/eval_s": time.perf_counter() - start}
 
+    @property
+    def _saved_with_weights(self):
+        """What goes next to exported weights: the tokenizer, or a VL policy's processor (tokenizer + image
+        processor), so the folder loads as the same kind of model."""
+        return self.image_inputs.processor if self.image_inputs is not None else self.tokenizer
+
     def export_policy(self, folder: Path) -> None:
-        self.trainer.save_hf(folder, self.tokenizer)
+        self.trainer.save_hf(folder, self._saved_with_weights)
 
     def export_checkpoint(self, folder: Path, snap: Snapshot) -> None:
         """The policy as a Hugging Face folder, from a checkpoint's host copy of the replicated state
         (checkpoint.export_hf; runs in the background writer)."""
-        export_snapshot(folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config, self.tokenizer)
+        export_snapshot(folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config,
+                        self._saved_with_weights)
 
     def close(self) -> None:
         self.engines.close()
