@@ -142,3 +142,30 @@ def test_training_step_updates_the_vision_tower_unless_frozen(setup, freeze):
     assert (changed & vision == set()) if freeze else (vision <= changed)
     sent = {n for bucket in trainer.engine_weights(1 << 20) for n, _ in bucket}
     assert (sent & vision == set()) if freeze else (vision <= sent)
+
+
+def test_a_placeholder_token_in_a_response_is_scored_as_the_engines_fed_it(setup):
+    """A policy may sample the image token itself; engines embed a sampled token as a plain token (only the
+    prompt's placeholders take image features), and so must the trainer."""
+    from transformers import DynamicCache
+
+    from yatt.models.vision import load_policy
+
+    folder, rows, ids, loaded = setup
+    im = loaded[0]
+    image_id = ImageInputs(folder).image_token_id
+    response = [7, image_id, 9, image_id]
+    model = load_policy(folder, dtype=torch.float32).eval()
+    with torch.no_grad():  # the hf engine's way: prefill with the pixels, then one plain token at a time
+        cache = DynamicCache(config=model.config)
+        logits = [model(input_ids=torch.tensor([im.prompt_ids]), past_key_values=cache, use_cache=True,
+                        **im.pixels).logits[0, -1]]
+        for t in response[:-1]:
+            logits.append(model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits[0, -1])
+    expected = torch.stack([torch.log_softmax(lg, -1)[t] for lg, t in zip(logits, response)])
+    trainer = TorchTrainer(folder, TrainerConfig(), WORLD, trainable=False)
+    rollout = Rollout(None, im.prompt_ids, response, [0.0] * 4, "length", vision=im)
+    batch = TokenBatch.from_sequences([rollout.prompt_ids], [response], pad_id=0)
+    batch.pixels = stack_pixels([rollout])
+    got = trainer.logprobs(batch)[0][0][batch.mask[0].bool()]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

@@ -100,6 +100,11 @@ class TorchTrainer:
         if mb.pixels:
             dtype = next(self.module.parameters()).dtype
             inputs.kwargs.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()})
+            # image features go into the prompts' placeholders only, never into a response token that is one
+            response = torch.zeros_like(mb.attention_mask, dtype=torch.bool)
+            response[:, 1:] = mb.mask.bool()
+            inputs.kwargs["image_slots"] = ((mb.input_ids == self.module.config.image_token_id) & ~response
+                                            & mb.attention_mask.bool())
         autocast = (torch.autocast(self.world.device.type, dtype=torch.bfloat16) if self.cfg.autocast == "bfloat16"
                     else nullcontext())
         with autocast:
