@@ -108,8 +108,8 @@ def run_sft_vl(data: Path, out: Path, stop_at: float = 0.5, lr: float = 2e-3, ba
         opt.step()
         if step % eval_every == 0:
             acc = greedy_accuracy(model, tok, e_rows, e_prompts, e_pixels)
-            history.append({"step": step, "loss": float(loss), "accuracy": acc})
-            log(f"sft-vl step {step:5d} loss {float(loss):.3f} eval accuracy {acc:.3f} "
+            history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc})
+            log(f"sft-vl step {step:5d} loss {float(loss.detach()):.3f} eval accuracy {acc:.3f} "
                 f"({time.perf_counter() - start:.0f}s)")
             if acc >= stop_at:
                 break
