@@ -28,10 +28,10 @@ quickstart-genrm: setup
 	$(PY) launch/sft.py --config configs/sft_judge_near_miss.yaml
 	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_genrm.yaml --placement $(PLACEMENT)
 
-# The visual quickstart: writes the counting-squares images and a tiny VL policy once, then GRPO on 2 ranks.
+# The visual quickstart: writes the counting-squares images and SFTs a tiny VL policy once, then GRPO on 2 ranks.
 quickstart-vl: setup
 	test -f data/shapes/train.jsonl || $(PY) -m yatt.quickstart.shapes --out data/shapes
-	test -d models/quickstart-vl || $(PY) -m yatt.models.tiny_vl --out models/quickstart-vl
+	test -d models/quickstart-vl || $(PY) -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl
 	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_vl.yaml --placement full
 
 test: setup

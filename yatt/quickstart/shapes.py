@@ -1,10 +1,12 @@
 """Counting coloured squares, the visual quickstart task: a small PNG per row, generated offline.
 
-Each image is a grid of cells (4 x 4 of 8 x 8 pixels at the default 32 x 32); each cell is empty (black) or
-holds a red, green or blue square. The prompt asks for one colour; the answer is how many squares of that
-colour the image shows (verified by exact match, like the addition task). Cells line up with the tiny VL
-policy's vision patches, so a random-init vision tower can learn the task quickly; the question's colour
-makes the model read the image and the text together.
+Each image is a grid of cells (by default 2 x 2 cells of 16 x 16 pixels, 32 x 32 in all); each cell is empty
+(black) or holds a red, green or blue square. The prompt asks for one colour; the answer is how many squares of
+that colour the image shows (verified by exact match, like the addition task). With the defaults each cell is
+exactly one image token of the tiny VL policy (2 x 2 patches of 8 pixels, merged by its pixel-shuffle
+connector); the question's colour makes the model read the image and the text together. Measured: a 4 x 4 grid
+of 8-pixel cells (4 cells per image token) did not lift the random-init policy above the majority answer
+(26%) in 1100 SFT steps, so the default is the 2 x 2 grid.
 
     {"prompt": "<image>how many red?", "answer": "3", "data_source": "exact_match",
      "images": ["images/train_000012.png"]}
@@ -45,8 +47,8 @@ def shapes_row(rng: random.Random, grid: int, fill: float) -> tuple[list[str | N
                    "data_source": "exact_match"}
 
 
-def write_shapes_split(out: Path, split: str, count: int, seed: int, grid: int = 4, cell: int = 8,
-                       fill: float = 0.5) -> Path:
+def write_shapes_split(out: Path, split: str, count: int, seed: int, grid: int = 2, cell: int = 16,
+                       fill: float = 0.75) -> Path:
     """Write `count` rows of one split (images under out/images/) and return its JSONL path."""
     rng = random.Random(f"shapes:{split}:{seed}")
     (out / "images").mkdir(parents=True, exist_ok=True)
