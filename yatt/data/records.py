@@ -101,7 +101,7 @@ def row_from_record(record, index: int, where: str, columns: Columns = Columns()
             messages[users[-1]]["content"] = place_image_markers(messages[users[-1]]["content"], len(images), where,
                                                                  c.messages_key)
         elif markers != len(images):
-            raise DataError(f"{where}: '{c.messages_key}' has {markers} {IMAGE_PLACEHOLDER} placeholder(s) for {len(images)} "
-                            "image(s)")
+            raise DataError(f"{where}: '{c.messages_key}' has {markers} {IMAGE_PLACEHOLDER} placeholder(s) for "
+                            f"{len(images)} image(s)")
     return PromptRow(index=index, prompt=prompt, messages=messages, answer=None if answer is None else str(answer),
                      data_source=source, metadata=metadata, origin=where, images=images)
