@@ -14,8 +14,9 @@ from yatt.quickstart.shapes import write_shapes_files
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module", params=["vllm", "hf"])
+@pytest.fixture(scope="module", params=["vllm", "hf", "hf-balanced"])
 def run(request, tmp_path_factory):
+    backend, balanced = request.param.split("-")[0], request.param.endswith("balanced")
     tmp = tmp_path_factory.mktemp(f"vl_{request.param}")
     policy = write_tiny_vl_model(tmp / "policy0", seed=2)
     write_shapes_files(tmp / "data", sizes={"train": 32, "eval": 8})
@@ -28,7 +29,8 @@ data:
   prompts_per_step: 8
   eval_prompts: 8
   max_prompt_tokens: 32
-rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: {request.param}, kv_cache_gib: 0.25}}}}
+rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: {backend}, kv_cache_gib: 0.25}}}}
+balance: {{enabled: {str(balanced).lower()}, keep_groups: false}}
 algorithm: {{mini_batches: 2}}
 trainer: {{lr: 0.01, micro_batch_size: 16}}
 run: {{name: e2e, output_dir: {tmp / 'runs'}, steps: 2, eval_every: 2}}

@@ -230,9 +230,6 @@ class ControllerShard:
         for i, r in enumerate(rollouts):
             r.origin = (self.world.rank, i)
         unit = self.cfg.rollout.group_size if bal.keep_groups is not False else 1
-        if bal.enabled and any(r.vision is not None for r in rollouts):
-            raise ValueError("balance.enabled with image prompts is not supported yet (moving the encoded pixel "
-                             "inputs between ranks is not implemented): set balance.enabled=false")
         return rebalance(self.world, rollouts, unit, bal.attention_coef, bal.partitioner, bal.equal_count,
                          enabled=bal.enabled)
 
