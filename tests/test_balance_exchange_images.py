@@ -33,7 +33,7 @@ def _worker(rank: int, tmp: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
     world = World(rank, 2, rank, torch.device("cpu"))
     held, plan = rebalance(world, image_samples(rank, 4 if rank == 0 else 1, 2, long=rank == 0), unit_size=2)
-    out = {"moved": plan.moved_samples,
+    out = {"moved": plan.moved_samples, "moved_bytes": plan.metrics()["balance/moved_pixel_bytes"],
            "held": [{"origin": list(s.origin), "prompt": s.prompt_ids, "images": s.vision.images,
                      "pixels": {k: [list(v.shape), str(v.dtype), v.flatten().tolist()] for k, v in s.vision.pixels.items()}}
                     for s in held]}
@@ -57,6 +57,8 @@ def test_moved_image_samples_carry_their_pixels(tmp_path):
     mp.spawn(_worker, args=(str(tmp_path),), nprocs=2, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert results[0]["moved"] > 0
+    # pixel_values 3x4x4 + mask 4x4 floats per sample, float32
+    assert results[0]["moved_bytes"] == results[0]["moved"] * 4 * (48 + 16)
     originals = {tuple(s.origin): s for r in range(2) for s in image_samples(r, 4 if r == 0 else 1, 2, long=r == 0)}
     seen = []
     for rank, res in enumerate(results):

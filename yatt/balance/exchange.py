@@ -18,7 +18,7 @@ and position each sample came from, for anything logged per original sample.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -41,6 +41,7 @@ class Plan:
     lengths: Lengths
     workloads: list[list[float]]  # [rank][unit]
     dest: list[list[int]]  # [rank][unit] -> destination rank
+    pixel_bytes: int = 0  # encoded pixel inputs per image sample, moved along with it (0 for text)
 
     def rank_loads(self, after: bool) -> list[float]:
         loads = [0.0] * len(self.dest)
@@ -70,7 +71,8 @@ class Plan:
     def metrics(self) -> dict[str, float]:
         return {"balance/imbalance_before": self.imbalance(after=False),
                 "balance/imbalance_after": self.imbalance(after=True),
-                "balance/moved_samples": float(self.moved_samples)}
+                "balance/moved_samples": float(self.moved_samples),
+                "balance/moved_pixel_bytes": float(self.moved_samples * self.pixel_bytes)}
 
 
 def plan_rebalance(lengths: Lengths, unit_size: int, attention_coef: float = 0.0, partitioner: str = "kk",
@@ -306,4 +308,7 @@ def rebalance(world: World, samples: list[Rollout], unit_size: int, attention_co
                           enabled)
     if plan.moved_samples == 0:
         return exchange(world, samples, plan), plan
-    return exchange(world, samples, plan, _pixel_layout(world, samples)), plan
+    layout = _pixel_layout(world, samples)
+    if layout is not None:
+        plan = replace(plan, pixel_bytes=4 * layout.floats)  # they travel as float32
+    return exchange(world, samples, plan, layout), plan
