@@ -8,7 +8,7 @@ export OMP_NUM_THREADS := 1
 
 PLACEMENT ?= partial
 
-.PHONY: setup quickstart quickstart-genrm test test-all clean
+.PHONY: setup quickstart quickstart-genrm quickstart-vl test test-all clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,12 @@ quickstart-genrm: setup
 	$(PY) launch/sft.py --config configs/sft_judge_near_miss.yaml
 	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_genrm.yaml --placement $(PLACEMENT)
 
+# The visual quickstart: writes the counting-squares images and SFTs a tiny VL policy once, then GRPO on 2 ranks.
+quickstart-vl: setup
+	test -f data/shapes/train.jsonl || $(PY) -m yatt.quickstart.shapes --out data/shapes
+	test -d models/quickstart-vl || $(PY) -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl
+	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_vl.yaml --placement full
+
 test: setup
 	$(PY) -m pytest -q -m "not slow"
 
@@ -35,4 +41,4 @@ test-all: setup
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge
+	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl data/shapes

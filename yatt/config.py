@@ -41,6 +41,9 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: Path = Field(description="Local Hugging Face model folder (config.json, weights, tokenizer).")
+    freeze_vision: bool = Field(False, description="Vision-language policy: keep the vision tower's weights fixed "
+                                "(no gradients, no optimizer state, not sent to engines); the connector and "
+                                "the decoder train. No effect on a text policy.")
 
 
 class FileSource(Section):
@@ -58,6 +61,9 @@ class FileSource(Section):
                                     "reasoning_gym/<dataset>); null: each row's data_source column, else exact_match.")
     extra_columns: Literal["error", "ignore", "metadata"] = Field(
         "error", description="Columns not mapped: error (catches typos), ignore, or metadata (passed to the verifier).")
+    images_key: str | None = Field("images", description="Column with the row's images: a list of file paths "
+                                   "(relative to the data file) or data URIs; the text marks each with <image> "
+                                   "(or they go in front of it). null: no image column.")
     answer_regex: str | None = Field(None, description="Take the reference answer from the answer column with this "
                                      "regex's first group, e.g. '####\\s*(.+)$' for GSM8K; a row it does not "
                                      "match is an error naming the row. null: the whole column.")
@@ -76,9 +82,10 @@ class FileSource(Section):
 
     @model_validator(mode="after")
     def _distinct_keys(self) -> "FileSource":
-        keys = [k for k in (self.prompt_key, self.messages_key, self.answer_key) if k is not None]
+        keys = [k for k in (self.prompt_key, self.messages_key, self.answer_key, self.images_key) if k is not None]
         if len(set(keys)) != len(keys):
-            raise ValueError(f"prompt_key, messages_key and answer_key must name different columns, got {keys}")
+            raise ValueError(f"prompt_key, messages_key, answer_key and images_key must name different columns, "
+                             f"got {keys}")
         return self
 
     @property
@@ -86,7 +93,7 @@ class FileSource(Section):
         from yatt.data.records import Columns  # the data package imports nothing from the config
 
         return Columns(self.prompt_key, self.messages_key, self.answer_key, self.data_source, self.extra_columns,
-                       self.answer_regex)
+                       self.answer_regex, self.images_key)
 
 
 JsonlSource = FileSource  # the name before JSON and Parquet files were readable
@@ -126,6 +133,9 @@ class DataConfig(Section):
     eval_prompts: int = Field(500, gt=0, description="Held-out prompts evaluated (over all ranks).")
     max_prompt_tokens: int = Field(256, gt=0, description="Longer prompts are an error, not truncated.")
     shuffle: bool = Field(True, description="Reshuffle each rank's shard every epoch.")
+    check_images: bool = Field(True, description="Before any engine starts, read and decode each image of this "
+                               "rank's rows once (then drop it), so a missing or corrupt image stops the run naming "
+                               "the file and row; false: found when the step that uses it reads it.")
 
 
 class RolloutConfig(Section):

@@ -7,7 +7,9 @@ Protocol (every rank runs the same code; DESIGN.md principles 1 and 7):
 3. `exchange`: only units whose destination differs from their source travel, point to point
    (`World.exchange`: isend/irecv, gloo has no all_to_all), as two flat CPU tensors per (source, destination) pair:
    int64 [origin rank, origin index, finish code, prompt ids, response ids] per sample and
-   float64 [reward, logprobs] per sample. No pickle; receivers size their buffers from the plan.
+   float64 [reward, logprobs] per sample, plus for image prompts a float32 buffer of the already-encoded pixel
+   inputs (the trainer's, not the image files: a moved sample's images are never read again). No pickle;
+   receivers size their buffers from the plan and from the pixel layout the ranks agree on (`_pixel_layout`).
 A rank's rollouts after the exchange are ordered by origin (rank, index), so a GRPO group (a unit of
 G consecutive samples) stays consecutive. `restore_order` sends per-sample values back to the rank
 and position each sample came from, for anything logged per original sample.
@@ -15,13 +17,15 @@ and position each sample came from, for anything logged per original sample.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 
 from yatt.balance.partition import get_partitioner
 from yatt.balance.workload import sample_workload
+from yatt.controllers.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.distributed import World
 
@@ -37,6 +41,7 @@ class Plan:
     lengths: Lengths
     workloads: list[list[float]]  # [rank][unit]
     dest: list[list[int]]  # [rank][unit] -> destination rank
+    pixel_bytes: int = 0  # encoded pixel inputs per image sample, moved along with it (0 for text)
 
     def rank_loads(self, after: bool) -> list[float]:
         loads = [0.0] * len(self.dest)
@@ -66,7 +71,8 @@ class Plan:
     def metrics(self) -> dict[str, float]:
         return {"balance/imbalance_before": self.imbalance(after=False),
                 "balance/imbalance_after": self.imbalance(after=True),
-                "balance/moved_samples": float(self.moved_samples)}
+                "balance/moved_samples": float(self.moved_samples),
+                "balance/moved_pixel_bytes": float(self.moved_samples * self.pixel_bytes)}
 
 
 def plan_rebalance(lengths: Lengths, unit_size: int, attention_coef: float = 0.0, partitioner: str = "kk",
@@ -157,13 +163,90 @@ def _unpack(ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, i
     return out
 
 
+# the processor outputs a moved image sample may carry, by code (the layout travels as ints)
+PIXEL_KEYS = ("pixel_values", "pixel_attention_mask", "image_grid_thw", "image_sizes")
+PIXEL_DTYPES = (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.float16, torch.int32)
+_SPEC_WIDTH = 64
+
+
+@dataclass(frozen=True)
+class PixelLayout:
+    """What one image sample's pixel inputs look like: (key, dtype, shape with batch dimension 1) each."""
+
+    parts: tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
+
+    @property
+    def floats(self) -> int:
+        return sum(math.prod(shape) for _, _, shape in self.parts)
+
+    def encode(self) -> list[int]:
+        out = [len(self.parts)]
+        for key, dtype, shape in self.parts:
+            out += [PIXEL_KEYS.index(key), PIXEL_DTYPES.index(dtype), len(shape), *shape]
+        if len(out) > _SPEC_WIDTH - 2:
+            raise ValueError(f"pixel layout {self.parts} does not fit the {_SPEC_WIDTH}-int spec")
+        return out + [0] * (_SPEC_WIDTH - len(out))
+
+    @classmethod
+    def decode(cls, spec: list[int]) -> "PixelLayout":
+        parts, at = [], 1
+        for _ in range(spec[0]):
+            key, dtype, ndim = PIXEL_KEYS[spec[at]], PIXEL_DTYPES[spec[at + 1]], spec[at + 2]
+            parts.append((key, dtype, tuple(spec[at + 3: at + 3 + ndim])))
+            at += 3 + ndim
+        return cls(tuple(parts))
+
+
+def _layout_of(sample: Rollout) -> PixelLayout:
+    pixels = sample.vision.pixels
+    for key, t in pixels.items():
+        if key not in PIXEL_KEYS or t.dtype not in PIXEL_DTYPES or t.shape[0] != 1:
+            raise ValueError(f"cannot move pixel input {key!r} ({t.dtype}, {tuple(t.shape)}) between ranks")
+    return PixelLayout(tuple((k, pixels[k].dtype, tuple(pixels[k].shape)) for k in sorted(pixels)))
+
+
+def _pixel_layout(world: World, samples: Sequence[Rollout]) -> PixelLayout | None:
+    """The one pixel layout of every rank's image samples (None: no rank has any). Every rank reaches the same
+    verdict from the gathered specs, so a refusal (several layouts, or text mixed with images) is raised on all
+    ranks alike instead of leaving the others waiting in the exchange."""
+    mine = {_layout_of(s) for s in samples if s.vision is not None}
+    spec = next(iter(mine)).encode() if len(mine) == 1 else [0] * _SPEC_WIDTH
+    spec[-2] = int(len(mine) > 1)  # this rank holds several layouts
+    spec[-1] = int(any(s.vision is None for s in samples))  # this rank holds text samples
+    gathered = [g[0].tolist() for g in world.all_gather(torch.tensor(spec, dtype=torch.int64)[None])]
+    layouts = {tuple(g[:-2]) for g in gathered if g[0] > 0}
+    if any(g[-2] for g in gathered) or len(layouts) > 1:
+        raise ValueError("image samples of different pixel layouts cannot be balanced yet")
+    if layouts and any(g[-1] for g in gathered):
+        raise ValueError("a step mixes text and image samples; they cannot be balanced together yet")
+    return PixelLayout.decode(list(layouts.pop())) if layouts else None
+
+
+def _pack_pixels(samples: list[Rollout], layout: PixelLayout) -> torch.Tensor:
+    parts = [s.vision.pixels[key].reshape(-1).to(torch.float32) for s in samples for key, _, _ in layout.parts]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _unpack_pixels(flat: torch.Tensor, samples: list[Rollout], layout: PixelLayout) -> None:
+    at = 0
+    for s in samples:
+        pixels = {}
+        for key, dtype, shape in layout.parts:
+            n = math.prod(shape)
+            pixels[key] = flat[at: at + n].reshape(shape).to(dtype)
+            at += n
+        # the images themselves stay with the rank that read them; training needs only the encoded inputs
+        s.vision = PromptImages([], [], list(s.prompt_ids), pixels)
+
+
 def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
     pairs = [lengths[rank][i] for rank, i in origins]
     return sum(3 + p + r for p, r in pairs), sum(2 + r for _, r in pairs)
 
 
-def exchange(world: World, samples: list[Rollout], plan: Plan) -> list[Rollout]:
-    """This rank's samples after the plan: kept ones plus received ones, ordered by origin."""
+def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayout | None = None) -> list[Rollout]:
+    """This rank's samples after the plan: kept ones plus received ones, ordered by origin. With a pixel
+    `layout` (image prompts, the same on every rank) every sample carries its encoded pixel inputs."""
     rank, sends, recvs, inbox = world.rank, {}, {}, []
     keep = set(plan.moves(rank, rank))
     for peer in range(world.size):
@@ -171,16 +254,21 @@ def exchange(world: World, samples: list[Rollout], plan: Plan) -> list[Rollout]:
             continue
         outgoing = plan.moves(rank, peer)
         if outgoing:
-            sends[peer] = _pack([samples[i] for i in outgoing])
+            moved = [samples[i] for i in outgoing]
+            sends[peer] = (*_pack(moved), *([_pack_pixels(moved, layout)] if layout else []))
         origins = [(peer, i) for i in plan.moves(peer, rank)]
         if origins:
             n_int, n_float = _message_sizes(plan.lengths, origins)
-            recvs[peer] = (torch.empty(n_int, dtype=torch.int64), torch.empty(n_float, dtype=torch.float64))
-            inbox.append((*recvs[peer], origins))
+            recvs[peer] = (torch.empty(n_int, dtype=torch.int64), torch.empty(n_float, dtype=torch.float64),
+                           *([torch.empty(len(origins) * layout.floats)] if layout else []))
+            inbox.append((recvs[peer], origins))
     world.exchange(sends, recvs)
     held = [s for i, s in enumerate(samples) if i in keep]
-    for ints, floats, origins in inbox:
-        held += _unpack(ints, floats, origins, plan.lengths)
+    for buffers, origins in inbox:
+        received = _unpack(buffers[0], buffers[1], origins, plan.lengths)
+        if layout:
+            _unpack_pixels(buffers[2], received, layout)
+        held += received
     return sorted(held, key=lambda s: s.origin)
 
 
@@ -218,4 +306,9 @@ def rebalance(world: World, samples: list[Rollout], unit_size: int, attention_co
     """Gather lengths, plan, exchange: the one call the controller shard makes."""
     plan = plan_rebalance(gather_lengths(world, samples), unit_size, attention_coef, partitioner, equal_count,
                           enabled)
-    return exchange(world, samples, plan), plan
+    if plan.moved_samples == 0:
+        return exchange(world, samples, plan), plan
+    layout = _pixel_layout(world, samples)
+    if layout is not None:
+        plan = replace(plan, pixel_bytes=4 * layout.floats)  # they travel as float32
+    return exchange(world, samples, plan, layout), plan

@@ -42,7 +42,8 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
     per_step = cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches  # optimizer steps per RL step
     # the policy does not step during the critic's warm-up, so its lr schedule spans the steps after it
     policy_steps = cfg.run.steps - (cfg.critic.warmup_steps if cfg.uses_critic else 0)
-    trainer = backend(cfg.model.path, cfg.trainer, world, total_steps=policy_steps * per_step)
+    trainer = backend(cfg.model.path, cfg.trainer, world, total_steps=policy_steps * per_step,
+                      freeze_vision=cfg.model.freeze_vision)
     ref = backend(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
     critic = None
     if cfg.uses_critic:  # the trainer section's settings with the critic's own learning rate

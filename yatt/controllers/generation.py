@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from yatt.controllers.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec
@@ -64,13 +65,16 @@ class GenerationStats:
 def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds: list[int], sampling: SamplingSpec,
                        tokenizer, rollout_pool: EnginePool, lanes: dict[str, JudgeLane], *, step: int,
                        run_seed: int, stream: bool, round_: int = 0, before_judging: Callable[[], None] | None = None,
-                       ) -> tuple[list[Rollout], GenerationStats]:
-    """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in."""
+                       images: list[PromptImages | None] | None = None) -> tuple[list[Rollout], GenerationStats]:
+    """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in.
+    `images`: the rows' loaded images (yatt.controllers.images); engines get the placeholder ids and the bytes,
+    the rollouts the expanded ids and the pixels."""
     stats = GenerationStats()
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
-    rollout_pool.submit([Request(f"s{step}r{round_}/g{g}", ids, seed, sampling)
-                         for g, (ids, seed) in enumerate(zip(prompt_ids, seeds))])
+    images = images or [None] * len(rows)
+    rollout_pool.submit([Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)
+                         for g, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))])
 
     def judge_group(g: int) -> None:
         for name, lane in lanes.items():
@@ -81,8 +85,10 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
 
     def take_rollouts(key: str, completions) -> None:
         g = int(key.rsplit("/g", 1)[1])
-        groups[g] = [Rollout(rows[g], prompt_ids[g], list(c.token_ids), list(c.logprobs), c.finish_reason,
-                             text=tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in completions]
+        im = images[g]
+        groups[g] = [Rollout(rows[g], im.prompt_ids if im else prompt_ids[g], list(c.token_ids), list(c.logprobs),
+                             c.finish_reason, text=tokenizer.decode(c.token_ids, skip_special_tokens=True), vision=im)
+                     for c in completions]
         for r in groups[g]:
             r.rule_score = rule_score(r.text, r.row)
         if stream and lanes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from yatt.controllers.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rows import PromptRow
@@ -22,19 +23,24 @@ def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> in
 
 
 def generate_rollouts(pool: EnginePool, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
-                      tokenizer, seeds: list[int] | None) -> list[Rollout]:
-    """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)).
+                      tokenizer, seeds: list[int] | None, images: list[PromptImages | None] | None = None
+                      ) -> list[Rollout]:
+    """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)). `images`: the
+    rows' loaded images (yatt.controllers.images), None for text rows.
 
     Through a pool, so an engine that dies during the call is replaced (or its prompts re-routed) and only
     its unanswered prompts are sent again, with the same seeds: the result is what a live engine gives."""
     seeds = seeds if seeds is not None else [None] * len(prompt_ids)
-    pool.submit([Request(f"p{i}", ids, seed, sampling) for i, (ids, seed) in enumerate(zip(prompt_ids, seeds))])
+    images = images or [None] * len(rows)
+    pool.submit([Request(f"p{i}", ids, seed, sampling, im.images if im else None)
+                 for i, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))])
     done = pool.drain()
     rollouts = []
-    for i, (row, ids) in enumerate(zip(rows, prompt_ids)):
+    for i, (row, ids, im) in enumerate(zip(rows, prompt_ids, images)):
         for c in done[f"p{i}"]:
-            rollouts.append(Rollout(row, ids, list(c.token_ids), list(c.logprobs), c.finish_reason,
-                                    text=tokenizer.decode(c.token_ids, skip_special_tokens=True)))
+            rollouts.append(Rollout(row, im.prompt_ids if im else ids, list(c.token_ids), list(c.logprobs),
+                                    c.finish_reason, text=tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                    vision=im))
     return rollouts
 
 

@@ -28,6 +28,7 @@ from yatt.controllers.components import Components
 from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
 from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
 from yatt.controllers.minibatches import global_mini_batches
+from yatt.controllers.images import load_batch_images, stack_pixels
 from yatt.controllers.rollouts import encode_prompts, generate_rollouts, sample_seed, score_rollouts
 from yatt.data.rollout import Rollout
 from yatt.data.prepare import RankData, load_rank_data
@@ -35,6 +36,7 @@ from yatt.data.stream import PromptStream
 from yatt.distributed import World
 from yatt.engines.base import SamplingSpec
 from yatt.genrm.judge import Judge
+from yatt.models.vision import ImageInputs, is_vision_model
 from yatt.placement.metrics import device_metrics, judge_metrics, maxed, pool_metrics, summed
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
@@ -86,6 +88,8 @@ class ControllerShard:
         data = data or load_rank_data(cfg, world, self.tokenizer)
         self.train_stream = PromptStream(data.train, seed=cfg.run.seed * 1009 + world.rank, shuffle=cfg.data.shuffle)
         self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids
+        # a VL policy's processor: a step reads and encodes its image rows when it starts (yatt.controllers.images)
+        self.image_inputs = ImageInputs(cfg.model.path) if is_vision_model(cfg.model.path) else None
         self.last_eval: list[Rollout] = []  # the latest evaluation's and step's rollouts (for samples.jsonl)
         self.last_rollouts: list[Rollout] = []
         bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20
@@ -175,7 +179,8 @@ class ControllerShard:
         cfg = self.cfg
         prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
         seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
-        common = dict(step=step, round_=round_, run_seed=cfg.run.seed)
+        images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
+        common = dict(step=step, round_=round_, run_seed=cfg.run.seed, images=images)
         if cfg.placement.mode == "full":  # this device: rollout, then GenRM
             rank = [self.world.rank]
             lanes = {name: JudgeLane(j, self.engines.pool(genrm_role(name), rank)) for name, j in self.judges.items()}
@@ -220,9 +225,10 @@ class ControllerShard:
         """ReMax: one greedy response per prompt, generated right after its group and scored by the rule
         verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""
         prompt_ids = encode_prompts(rows, self.tokenizer, self.cfg.data.max_prompt_tokens)
+        images = [rollouts[i * self.cfg.rollout.group_size].vision for i in range(len(rows))]  # the groups' images
         with self.placement.own("rollout"):
             greedy = generate_rollouts(self.engines.pool(ROLLOUT, [self.world.rank]), rows, prompt_ids,
-                                        self.greedy, self.tokenizer, None)
+                                       self.greedy, self.tokenizer, None, images)
         score_rollouts(greedy)
         group = self.cfg.rollout.group_size
         for i, g in enumerate(greedy):
@@ -241,6 +247,7 @@ class ControllerShard:
     def _token_batch(self, rollouts: list[Rollout]) -> TokenBatch:
         batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts],
                                           self.tokenizer.pad_token_id)
+        batch.pixels = stack_pixels(rollouts)
         batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
         batch.temperature = self.cfg.rollout.temperature
         return batch
@@ -432,9 +439,10 @@ class ControllerShard:
         start = time.perf_counter()
         rollouts = []
         if self.eval_rows:  # a rank may hold no held-out rows; it still joins the sums
+            images = load_batch_images(self.eval_rows, self.image_inputs, self.eval_prompt_ids)  # read for this eval
             with self.placement.own("rollout"):
                 rollouts = generate_rollouts(self.engines.pool(ROLLOUT, [self.world.rank]), self.eval_rows,
-                                             self.eval_prompt_ids, self.greedy, self.tokenizer, None)
+                                             self.eval_prompt_ids, self.greedy, self.tokenizer, None, images)
             score_rollouts(rollouts)
         self.last_eval = rollouts
         full, total, count = self.world.sum([float(sum(r.reward >= 1.0 for r in rollouts)),
@@ -442,13 +450,20 @@ class ControllerShard:
         return {"eval/accuracy": full / count, "eval/score": total / count, "eval/count": count,
                 "time/eval_s": time.perf_counter() - start}
 
+    @property
+    def _saved_with_weights(self):
+        """What goes next to exported weights: the tokenizer, or a VL policy's processor (tokenizer + image
+        processor), so the folder loads as the same kind of model."""
+        return self.image_inputs.processor if self.image_inputs is not None else self.tokenizer
+
     def export_policy(self, folder: Path) -> None:
-        self.trainer.save_hf(folder, self.tokenizer)
+        self.trainer.save_hf(folder, self._saved_with_weights)
 
     def export_checkpoint(self, folder: Path, snap: Snapshot) -> None:
         """The policy as a Hugging Face folder, from a checkpoint's host copy of the replicated state
         (checkpoint.export_hf; runs in the background writer)."""
-        export_snapshot(folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config, self.tokenizer)
+        export_snapshot(folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config,
+                        self._saved_with_weights)
 
     def close(self) -> None:
         self.engines.close()

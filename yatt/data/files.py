@@ -38,7 +38,7 @@ def read_json_shard(files: list[Path], rank: int, world_size: int, limit: int | 
             if limit is not None and index >= limit:
                 return rows
             if index % world_size == rank:
-                rows.append(row_from_record(record, index, f"{path}[{i}]", columns))
+                rows.append(row_from_record(record, index, f"{path}[{i}]", columns, Path(path).parent))
             index += 1
     return rows
 
@@ -76,7 +76,8 @@ def read_parquet_shard(files: list[Path], rank: int, world_size: int, limit: int
                 table = f.read_row_group(g, columns=wanted).slice(first - start, last - first)
                 for offset, record in enumerate(table.to_pylist()):
                     index = first + offset
-                    rows.append(row_from_record(record, index, f"{path}[{index - file_start}]", columns))
+                    rows.append(row_from_record(record, index, f"{path}[{index - file_start}]", columns,
+                                                 Path(path).parent))
             start = end
             if start >= hi:
                 return rows

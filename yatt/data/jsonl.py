@@ -6,6 +6,7 @@ Each line is one JSON object; by default in yatt's format:
   answer       str   reference answer used by the verifier (optional for judges that need none)
   data_source  str   names the rule verifier (yatt.rewards.rules); default "exact_match"
   metadata     dict  anything else the verifier needs (optional)
+  images       list  image file paths (relative to this file) or data URIs (optional; yatt.data.images)
 Other column names are mapped with `yatt.data.records.Columns`. Blank lines are skipped.
 
 Sharding is by line striding: line i (counting non-blank lines across the files in order) belongs to rank
@@ -23,7 +24,8 @@ from yatt.data.records import Columns, row_from_record
 from yatt.data.rows import PromptRow
 
 
-def parse_row(raw: bytes | str, index: int, where: str, columns: Columns = Columns()) -> PromptRow:
+def parse_row(raw: bytes | str, index: int, where: str, columns: Columns = Columns(),
+              base_dir: Path | None = None) -> PromptRow:
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
@@ -34,7 +36,7 @@ def parse_row(raw: bytes | str, index: int, where: str, columns: Columns = Colum
         obj = json.loads(raw)
     except json.JSONDecodeError as err:
         raise DataError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
-    return row_from_record(obj, index, where, columns)
+    return row_from_record(obj, index, where, columns, base_dir)
 
 
 def read_jsonl_shard(files: list[Path], rank: int, world_size: int, limit: int | None = None,
@@ -50,6 +52,6 @@ def read_jsonl_shard(files: list[Path], rank: int, world_size: int, limit: int |
                 if limit is not None and index >= limit:
                     return rows
                 if index % world_size == rank:
-                    rows.append(parse_row(line, index, f"{path}:{line_no}", columns))
+                    rows.append(parse_row(line, index, f"{path}:{line_no}", columns, Path(path).parent))
                 index += 1
     return rows

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from yatt.config import ExperimentConfig
 from yatt.data.errors import DataError
+from yatt.data.images import IMAGE_PLACEHOLDER, check_row_images
 from yatt.data.rows import PromptRow
 from yatt.data.sources import describe, load_shard
 
@@ -25,12 +26,19 @@ class RankData:
 
 
 def encode_prompts(rows: list[PromptRow], tokenizer, max_prompt_tokens: int) -> list[list[int]]:
-    """Prompt ids per row, each a flat list of ints no longer than max_prompt_tokens (else DataError)."""
+    """Prompt ids per row, each a flat list of ints no longer than max_prompt_tokens (else DataError).
+    A row with images keeps one placeholder token per image here (engines and the trainer expand them)."""
     encoded = []
+    image_id = None
     for row in rows:
         ids = row.prompt_ids(tokenizer)
         if not ids:
             raise DataError(f"{row.where}: the prompt is empty after tokenization")
+        if row.images:
+            image_id = image_id if image_id is not None else image_token_id(tokenizer, row.where)
+            if ids.count(image_id) != len(row.images):
+                raise DataError(f"{row.where}: the tokenized prompt has {ids.count(image_id)} image placeholder "
+                                f"token(s) for {len(row.images)} image(s) (does the chat template drop them?)")
         if len(ids) > max_prompt_tokens:
             raise DataError(f"{row.where}: the prompt has {len(ids)} tokens, more than "
                             f"data.max_prompt_tokens={max_prompt_tokens}")
@@ -38,11 +46,23 @@ def encode_prompts(rows: list[PromptRow], tokenizer, max_prompt_tokens: int) -> 
     return encoded
 
 
+def image_token_id(tokenizer, where: str) -> int:
+    """The id of the image placeholder; a tokenizer without it cannot take image rows."""
+    token = tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER)
+    if token is None or token == tokenizer.unk_token_id:
+        raise DataError(f"{where}: the row has images but the tokenizer has no {IMAGE_PLACEHOLDER} token "
+                        "(use a vision-language policy, e.g. yatt.models.tiny_vl)")
+    return int(token)
+
+
 def _read(cfg: ExperimentConfig, rank: int, world_size: int, tokenizer) -> RankData:
     data = cfg.data
     train = load_shard(data.train, rank, world_size)
     encode_prompts(train, tokenizer, data.max_prompt_tokens)  # checks every row; steps encode their batch again
     evals = load_shard(data.eval, rank, world_size, limit=data.eval_prompts) if data.eval is not None else []
+    if data.check_images:  # this rank's rows only, one image at a time
+        for row in train + evals:
+            check_row_images(row.images, row.where)
     return RankData(train, evals, encode_prompts(evals, tokenizer, data.max_prompt_tokens))
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 from yatt.data.rows import PromptRow
 
@@ -26,10 +27,14 @@ class Rollout:
     judge_scores: dict[str, float] = field(default_factory=dict)
     origin: tuple[int, int] = (-1, -1)  # (rank, index in that rank's step) where it was generated
     baseline: float = 0.0  # ReMax: the reward of the prompt's greedy response (0 unless the estimator asks)
+    # an image prompt's loaded images (yatt.controllers.images.PromptImages; the group's samples share one), read
+    # for this step and dropped with the rollout; prompt_ids are then the expanded ids
+    vision: Any = None
 
     def to_dict(self) -> dict:
-        """Plain JSON-able data (for state that checkpoints carry, e.g. the dynamic-sampling queue)."""
-        return asdict(self)
+        """Plain JSON-able data (for state that checkpoints carry, e.g. the dynamic-sampling queue); an image
+        rollout's pixels are not part of it."""
+        return asdict(replace(self, vision=None))
 
     @classmethod
     def from_dict(cls, d: dict) -> "Rollout":

@@ -18,6 +18,7 @@ class PromptRow:
     data_source: str
     metadata: dict = field(default_factory=dict)
     origin: str = ""  # where it came from, for errors: "file:line", "file row N", "reasoning_gym/<dataset> #i"
+    images: list[str] = field(default_factory=list)  # refs (paths, data URIs): yatt.data.images reads them lazily
 
     @property
     def where(self) -> str:

@@ -66,9 +66,12 @@ class RolloutEngine(Protocol):
     """
 
     def add_requests(self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec,
-                     seeds: list[int] | None) -> None:
+                     seeds: list[int] | None, images: list[list[bytes] | None] | None = None) -> None:
         """Queue one request per prompt (``sampling.n`` samples each). With a seed, sample j of a request
-        uses ``seed + j``, so the same seed gives the same samples; space per-prompt seeds >= n apart."""
+        uses ``seed + j``, so the same seed gives the same samples; space per-prompt seeds >= n apart.
+        ``images`` (vision-language models): per prompt, the encoded bytes of its images, one per image
+        placeholder token in the prompt, which the backend expands with the model's processor; the
+        completions are of the expanded prompt."""
         ...
 
     def step(self) -> list[tuple[str, list[Completion]]]:
@@ -106,10 +109,11 @@ class RolloutEngine(Protocol):
 
 
 def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: SamplingSpec,
-             seeds: list[int] | None = None) -> list[list[Completion]]:
+             seeds: list[int] | None = None, images: list[list[bytes] | None] | None = None
+             ) -> list[list[Completion]]:
     """Drive an in-process engine until every prompt's group is back (tests, benchmarks, tools)."""
     ids = [f"g{i}" for i in range(len(prompts))]
-    engine.add_requests(ids, prompts, sampling, seeds)
+    engine.add_requests(ids, prompts, sampling, seeds, **({"images": images} if images is not None else {}))
     done: dict[str, list[Completion]] = {}
     while len(done) < len(ids):
         done.update(engine.step())

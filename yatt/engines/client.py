@@ -151,12 +151,15 @@ class EngineClient:
             raise
 
     def submit(self, keys: list[str], prompts: list[list[int]], sampling: SamplingSpec,
-               seeds: list[int] | None = None) -> int:
-        """Queue prompts; returns the engine's load (requests in flight) after queueing."""
+               seeds: list[int] | None = None, images: list[list[bytes] | None] | None = None) -> int:
+        """Queue prompts; returns the engine's load (requests in flight) after queueing. `images`: per prompt,
+        the encoded bytes of its images (one per placeholder token), or None for a text prompt."""
+        extra = {} if images is None else {"images": [None if im is None else [bytes(b) for b in im]
+                                                      for im in images]}
         out = self._call(
             "submit", client=self.client_id, keys=[str(k) for k in keys],
             prompts=[[int(t) for t in p] for p in prompts], sampling=sampling.to_dict(),
-            seeds=None if seeds is None else [int(s) for s in seeds],
+            seeds=None if seeds is None else [int(s) for s in seeds], **extra,
         )
         return int(out["load"])
 
@@ -170,11 +173,12 @@ class EngineClient:
         self._call("cancel", client=self.client_id)
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None
+        self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None,
+        images: list[list[bytes] | None] | None = None,
     ) -> list[list[Completion]]:
         if not prompts:
             return []
-        self.submit([str(i) for i in range(len(prompts))], prompts, sampling, seeds)
+        self.submit([str(i) for i in range(len(prompts))], prompts, sampling, seeds, images)
         results: dict[int, list[Completion]] = {}
         while len(results) < len(prompts):
             done, _, _ = self.poll(max_wait_s=0.2)

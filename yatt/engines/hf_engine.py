@@ -11,6 +11,10 @@ else is in the batch, on CPU or GPU, up to float noise in the logits. Log-probs 
 distribution sampled from: softmax(logits / temperature), renormalised over the top-p nucleus when
 top_p < 1 (like `VLLMEngine` with vLLM's processed_logprobs; the trainer divides by the temperature too but
 does not truncate to the nucleus); at temperature 0 (greedy) they are of the raw logits.
+
+A vision-language folder (yatt.models.vision) is served too: a prompt's images come as encoded bytes with
+one placeholder token each, are expanded here with the folder's processor (the same expansion the trainer
+uses), and go into the prefill as pixel tensors; a batch holds prompts with the same image layout only.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 
 from yatt.engines.base import DTYPES, Completion, SamplingSpec
 from yatt.engines.config import EngineConfig
+from yatt.models.vision import ImageInputs, Pixels, is_vision_model, load_policy
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +41,12 @@ class _Request:
     prompt: list[int]
     sampling: SamplingSpec
     seed: int  # sample j uses seed + j
+    pixels: Pixels | None = None  # the expanded prompt's image tensors (VL models)
+
+    @property
+    def layout(self) -> tuple:
+        """Prompts batch together only with the same image tensors' shapes (none for text)."""
+        return () if self.pixels is None else tuple((k, tuple(v.shape[1:])) for k, v in sorted(self.pixels.items()))
 
 
 def _as_ids(value: Any) -> list[int]:
@@ -52,7 +63,7 @@ class HFEngine:
     """
 
     def __init__(self, model_path: str, cfg: EngineConfig, seed: int) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         t0 = time.perf_counter()
         torch.set_num_threads(cfg.threads)
@@ -60,8 +71,10 @@ class HFEngine:
         self.dtype = DTYPES[cfg.dtype]
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.sleep_supported = self.device.type != "cpu"
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype).to(self.device).eval()
+        self.model = load_policy(self.model_path, dtype=self.dtype).to(self.device).eval()
+        self.images = ImageInputs(self.model_path) if is_vision_model(self.model_path) else None
         config = self.model.config
+        config = getattr(config, "text_config", None) or config  # a VL model: its decoder's vocabulary and positions
         self.vocab_size = int(config.vocab_size)
         positions = getattr(config, "max_position_embeddings", None)
         if cfg.max_model_len and positions and cfg.max_model_len > positions:
@@ -86,18 +99,24 @@ class HFEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def add_requests(self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec,
-                     seeds: list[int] | None) -> None:
+                     seeds: list[int] | None, images: list[list[bytes] | None] | None = None) -> None:
         if self.sleeping:
             raise RuntimeError("engine is asleep; call wake() first")
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        if images is not None and len(images) != len(prompts):
+            raise ValueError(f"{len(images)} image lists for {len(prompts)} prompts")
+        if images is not None and any(images) and self.images is None:
+            raise ValueError(f"{self.model_path} is not a vision-language model; it cannot take images")
         if len(request_ids) != len(prompts):
             raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
         if sampling.n < 1 or sampling.max_tokens < 1:
             raise ValueError(f"need n >= 1 and max_tokens >= 1, got {sampling}")
         reqs = []
         for i, (rid, prompt) in enumerate(zip(request_ids, prompts)):
-            prompt = [int(t) for t in prompt]
+            prompt, pixels = [int(t) for t in prompt], None
+            if images is not None and images[i]:
+                prompt, pixels = self.images.encode(prompt, images[i], f"request {rid}")
             if not prompt:
                 raise ValueError(f"request {rid}: empty prompt")
             if len(prompt) + sampling.max_tokens > self.max_model_len:
@@ -108,7 +127,7 @@ class HFEngine:
             if rid in self._queue:
                 raise ValueError(f"request id {rid} is already queued")
             seed = int(seeds[i]) if seeds is not None else self._rng.getrandbits(62)
-            reqs.append((rid, _Request(prompt, sampling, seed)))
+            reqs.append((rid, _Request(prompt, sampling, seed, pixels)))
         self._queue.update(reqs)  # all or nothing
 
     def num_unfinished(self) -> int:
@@ -127,17 +146,21 @@ class HFEngine:
         head = next(iter(self._queue.values()))
         batch, seqs = [], 0
         for rid, req in self._queue.items():
-            if req.sampling == head.sampling and (not batch or seqs + req.sampling.n <= self.cfg.max_num_seqs):
+            if (req.sampling == head.sampling and req.layout == head.layout
+                    and (not batch or seqs + req.sampling.n <= self.cfg.max_num_seqs)):
                 batch.append((rid, req))
                 seqs += req.sampling.n
         for rid, _ in batch:
             del self._queue[rid]
-        groups = self._run([req.prompt for _, req in batch], [req.seed for _, req in batch], head.sampling)
+        pixels = None if head.pixels is None else {k: torch.cat([req.pixels[k] for _, req in batch])
+                                                    for k in head.pixels}
+        groups = self._run([req.prompt for _, req in batch], [req.seed for _, req in batch], head.sampling, pixels)
         return [(rid, group) for (rid, _), group in zip(batch, groups)]
 
     # ---- the decode loop -----------------------------------------------------------------------
     @torch.no_grad()
-    def _run(self, prompts: list[list[int]], seeds: list[int], sp: SamplingSpec) -> list[list[Completion]]:
+    def _run(self, prompts: list[list[int]], seeds: list[int], sp: SamplingSpec, pixels: Pixels | None = None
+             ) -> list[list[Completion]]:
         dev, n, T = self.device, sp.n, sp.max_tokens
         from transformers import DynamicCache
 
@@ -150,8 +173,10 @@ class HFEngine:
             mask[i, width - len(p):] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         cache = DynamicCache(config=self.model.config)
+        images = {k: v.to(dev, dtype=self.dtype if v.is_floating_point() else v.dtype)
+                  for k, v in (pixels or {}).items()}  # the prefill alone sees the images
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1, **images)
         logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)  # rows: prompt-major, sample-minor
         cache.batch_repeat_interleave(n)
         mask = mask.repeat_interleave(n, dim=0)

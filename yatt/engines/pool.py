@@ -21,6 +21,7 @@ class Request:
     prompt: list[int]
     seed: int | None
     sampling: SamplingSpec
+    images: list[bytes] | None = None  # encoded images, one per placeholder token of `prompt` (yatt.data.images)
 
 
 class NoLiveEngine(RuntimeError):
@@ -66,9 +67,11 @@ class EnginePool:
         for group in by_sampling.values():
             self.pending[name].update({r.key: r for r in group})
             seeds = None if any(r.seed is None for r in group) else [r.seed for r in group]
+            images = [r.images for r in group] if any(r.images for r in group) else None
             try:
                 self.reported_load[name] = self.engines[name].submit(
-                    [r.key for r in group], [r.prompt for r in group], group[0].sampling, seeds)
+                    [r.key for r in group], [r.prompt for r in group], group[0].sampling, seeds,
+                    **({"images": images} if images is not None else {}))
             except EngineDied:
                 self._replace(name)
                 return

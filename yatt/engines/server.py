@@ -97,10 +97,15 @@ class EngineService:
 
     # ---- RPC methods ---------------------------------------------------------------------------
     def submit(self, client: str, keys: list[str], prompts: list[list[int]], sampling: dict[str, Any],
-               seeds: list[int] | None = None) -> dict[str, int]:
-        """Queue one request per prompt; its group comes back from `poll` under (client, key)."""
+               seeds: list[int] | None = None, images: list[list[bytes] | None] | None = None) -> dict[str, int]:
+        """Queue one request per prompt; its group comes back from `poll` under (client, key). `images`: per
+        prompt, its images' encoded bytes or None (text); only image-capable backends take them."""
         if len(keys) != len(prompts) or (seeds is not None and len(seeds) != len(prompts)):
             raise ValueError(f"{len(keys)} keys, {len(prompts)} prompts, {len(seeds or [])} seeds")
+        if images is not None and (len(images) != len(prompts) or not all(
+                im is None or (isinstance(im, list) and all(isinstance(b, bytes) for b in im)) for im in images)):
+            raise ValueError("images must be one list of bytes (or null) per prompt")
+        extra = {} if images is None else {"images": images}
         spec = SamplingSpec(**sampling)
         rids = [f"{client}/{key}" for key in keys]
         with self._done:
@@ -109,7 +114,7 @@ class EngineService:
                 raise ValueError(f"request keys already pending: {clash[:3]}")
             self._owner.update({rid: (client, key) for rid, key in zip(rids, keys)})
         try:
-            self._on_loop(lambda: self.engine.add_requests(rids, prompts, spec, seeds))
+            self._on_loop(lambda: self.engine.add_requests(rids, prompts, spec, seeds, **extra))
         except BaseException:
             with self._done:
                 for rid in rids:

@@ -100,6 +100,7 @@ class VLLMEngine:
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.eos_token_id: int | None = self.llm.get_tokenizer().eos_token_id
+        self.multimodal = bool(self.llm.llm_engine.model_config.is_multimodal_model)
         self.startup_s = time.perf_counter() - t0
         self.sleeping = False
         self._want_logprobs: dict[str, bool] = {}
@@ -123,18 +124,28 @@ class VLLMEngine:
 
     # ---- streaming: requests are added, the engine is stepped, finished groups come out -------
     def add_requests(
-        self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None
+        self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None,
+        images: list[list[bytes] | None] | None = None,
     ) -> None:
-        """Queue prompts without running them; `step` advances all queued requests together."""
+        """Queue prompts without running them; `step` advances all queued requests together.
+
+        A prompt's images (encoded bytes) go in as multi_modal_data; vLLM expands each placeholder token with
+        the model's processor itself (ids that are already expanded would be expanded again)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
+
+        from yatt.data.images import decode_image
 
         if self.sleeping:
             raise RuntimeError("engine is asleep; call wake() first")
         for i, (rid, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
             params = self._sampling_params(sampling, None if seeds is None else int(seeds[i]))
             params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per prompt, all n samples
-            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), params)
+            request = TokensPrompt(prompt_token_ids=list(prompt))
+            if images is not None and images[i]:
+                request["multi_modal_data"] = {"image": [decode_image(b, "image bytes", f"request {rid}")
+                                                         for b in images[i]]}
+            self.llm.llm_engine.add_request(rid, request, params)
         self._want_logprobs.update({rid: sampling.logprobs for rid in request_ids})
 
     def step(self) -> list[tuple[str, list[Completion]]]:
@@ -178,6 +189,12 @@ class VLLMEngine:
         # Cached KV blocks were computed with the old weights; without this, prompts sharing a
         # cached prefix would be continued from stale keys/values.
         self.llm.reset_prefix_cache()
+        if self.multimodal:
+            # Cached vision embeddings were computed with the old weights too; reloading weights leaves the
+            # scheduler's encoder-cache bookkeeping out of step with the runner's storage ("Encoder cache
+            # miss" on the next image prompt, measured): reset both, and the front end's processor cache.
+            self.llm.llm_engine.reset_encoder_cache()
+            self.llm.reset_mm_cache()
         self.weight_updates += 1
         self.last_update_s = time.perf_counter() - t0
 

@@ -1,9 +1,11 @@
 """What a controller shard needs from a training backend (`Trainer`).
 
 Backends are registered in `yatt.trainers.TRAINERS` under the name `trainer.backend` selects and built as
-``Backend(model_path, cfg: TrainerConfig, world, trainable=True, total_steps=1, head="lm")``; `trainable=False`
-is a frozen reference model (log-probs only). A backend knows nothing about RL: the controller hands it a
-loss function, so the policy objective, a value loss or an SFT loss run through the same update.
+``Backend(model_path, cfg: TrainerConfig, world, trainable=True, total_steps=1, head="lm", freeze_vision=False)``;
+`trainable=False` is a frozen reference model (log-probs only); `freeze_vision` (model.freeze_vision) keeps a
+vision-language policy's vision tower fixed. Batches of image prompts carry `TokenBatch.pixels`. A backend
+knows nothing about RL: the controller hands it a loss function, so the policy objective, a value loss or an
+SFT loss run through the same update.
 
 `head` says what the model computes per response token. "lm": a causal LM, whose per-token outputs are
 log-probs (`logprobs`). "value": a value model for PPO's critic, the same decoder with one scalar per

@@ -1,7 +1,8 @@
 """Token batches: prompt+response sequences, right-padded, with per-token tensors aligned to targets.
 
 Per-token tensors have shape [B, L-1]: column t belongs to target token input_ids[:, t+1], predicted
-from the logits at position t. `mask` is 1 where that target is a response token.
+from the logits at position t. `mask` is 1 where that target is a response token. A batch of image prompts
+also carries `pixels`: the processor's image tensors, one row per sequence (yatt.models.vision).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class TokenBatch:
     # the sampling temperature of the responses: log-probs are of softmax(logits / temperature), the
     # distribution the engine sampled from (1.0 for data that was not sampled, e.g. SFT)
     temperature: float = 1.0
+    # image prompts: the vision inputs the model takes next to input_ids (e.g. pixel_values), [B, ...] each;
+    # every row has the same image layout (count and size); empty for text
+    pixels: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> "TokenBatch":
@@ -54,7 +58,8 @@ class TokenBatch:
         width = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 2
         extras = {k: (v[rows, : width - 1] if v.dim() == 2 else v[rows]) for k, v in self.extras.items()}
         return TokenBatch(self.input_ids[rows, :width], self.attention_mask[rows, :width],
-                          self.mask[rows, : width - 1], extras, self.temperature)
+                          self.mask[rows, : width - 1], extras, self.temperature,
+                          {k: v[rows] for k, v in self.pixels.items()})
 
     def lengths(self) -> list[int]:
         """Real (unpadded) tokens per sequence."""
@@ -62,4 +67,5 @@ class TokenBatch:
 
     def to(self, device: torch.device) -> "TokenBatch":
         return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device),
-                          {k: v.to(device) for k, v in self.extras.items()}, self.temperature)
+                          {k: v.to(device) for k, v in self.extras.items()}, self.temperature,
+                          {k: v.to(device) for k, v in self.pixels.items()})

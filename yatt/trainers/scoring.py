@@ -63,11 +63,26 @@ class TokenScorer(nn.Module):
 
     def forward(self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float,
                 with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        if "image_slots" in model_kwargs:
+            model_kwargs = self._merge_images(dict(model_kwargs))
         hidden = self.lm.get_decoder()(**model_kwargs, use_cache=False).last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, select)
         return head_scores(hidden, self.lm.get_output_embeddings(), targets, temperature, with_entropy,
                            self.chunk_tokens)
 
+    def _merge_images(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A vision-language model's decoder inputs: token embeddings with the vision tower's features in the
+        prompt's image slots only. The model's own merge would also fill a placeholder token that a response
+        happens to contain, which the engines embedded as a plain token when they sampled it."""
+        slots, ids = kwargs.pop("image_slots"), kwargs.pop("input_ids")
+        pixels = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("pixel_")]}
+        embeds = self.lm.get_input_embeddings()(ids)
+        features = self.lm.model.get_image_features(**pixels, return_dict=True).pooler_output
+        features = features.reshape(-1, embeds.shape[-1]).to(embeds.dtype)
+        if features.shape[0] != int(slots.sum()):
+            raise ValueError(f"{int(slots.sum())} image slots in the prompts for {features.shape[0]} image features")
+        kwargs["inputs_embeds"] = embeds.masked_scatter(slots[..., None].expand_as(embeds), features)
+        return kwargs
 
 class ValueScorer(nn.Module):
     """A one-label token-classification model (decoder + scalar head) seen as (model inputs, scored positions)

@@ -3,6 +3,11 @@ AdamW, micro-batches.
 
 Implements `yatt.trainers.base.Trainer`. Every rank holds the whole model and optimizer state (DDP keeps
 them identical), so checkpoints store them once and weights go to engines from the local copy.
+
+A vision-language policy (yatt.models.vision) trains on the padded path: packing lays sequences end to end
+through the decoder's attention only, and the vision tower's attention must not see the packed-attention
+hooks, so `pack_sequences` is ignored for it (stated in `self.packed`). Its micro-batches carry the pixel
+inputs with the ids; the vision tower trains unless `freeze_vision`.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModelForTokenClassification
 
 from yatt.balance.packing import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
 from yatt.engines.base import DTYPES, NamedTensors, weight_buckets
+from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
 from yatt.trainers.packing import attention_implementation, model_inputs
@@ -37,7 +43,9 @@ def load_module(model_path: str | Path, head: str, dtype: torch.dtype, **kwargs:
     if head not in HEADS:
         raise ValueError(f"unknown trainer head {head!r}; one of: {', '.join(HEADS)}")
     if head == "lm":
-        return AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtype, **kwargs)
+        return load_policy(model_path, dtype=dtype, **kwargs)
+    if is_vision_model(model_path):
+        raise ValueError(f"{model_path}: a value model of a vision-language policy is not supported")
     config = AutoConfig.from_pretrained(str(model_path), num_labels=1)
     config.classifier_dropout = 0.0
     return AutoModelForTokenClassification.from_pretrained(str(model_path), config=config, dtype=dtype, **kwargs)
@@ -65,10 +73,18 @@ class TorchTrainer:
     replicated = True
 
     def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
-                 total_steps: int = 1, head: str = "lm"):
+                 total_steps: int = 1, head: str = "lm", freeze_vision: bool = False):
         self.cfg, self.world, self.trainable, self.head = cfg, world, trainable, head
-        extra = {"attn_implementation": attention_implementation(world.device)} if cfg.pack_sequences else {}
+        self.vision = is_vision_model(model_path)
+        self.packed = cfg.pack_sequences and not self.vision
+        extra = {"attn_implementation": attention_implementation(world.device)} if self.packed else {}
         self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
+        self.frozen = set()  # parameters that never train (the vision tower with freeze_vision)
+        if self.vision and freeze_vision:
+            for name, p in self.module.named_parameters():
+                if vision_parameter(name):
+                    p.requires_grad_(False)
+                    self.frozen.add(name)
         self.scorer = (TokenScorer(self.module, cfg.logprob_chunk_tokens) if head == "lm"
                        else ValueScorer(self.module))
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
@@ -84,7 +100,8 @@ class TorchTrainer:
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
             # gradients as views into DDP's all-reduce buckets: one copy of the gradients, not two
             self.model = DistributedDataParallel(self.scorer, device_ids=device_ids, gradient_as_bucket_view=True)
-        self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=cfg.lr, betas=cfg.betas,
+        self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.lr,
+                                           betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
@@ -93,13 +110,21 @@ class TorchTrainer:
         """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (real
         tokens when packed, padded slots when not)."""
         return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens,
-                                padded=not self.cfg.pack_sequences)
+                                padded=not self.packed)
 
     def _token_outputs(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
                        ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of mb's response tokens under softmax(logits / mb.temperature): [B, L-1],
         zero outside mb.mask."""
-        inputs = model_inputs(mb, self.cfg.pack_sequences)
+        inputs = model_inputs(mb, self.packed)
+        if mb.pixels:
+            dtype = next(self.module.parameters()).dtype
+            inputs.kwargs.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()})
+            # image features go into the prompts' placeholders only, never into a response token that is one
+            response = torch.zeros_like(mb.attention_mask, dtype=torch.bool)
+            response[:, 1:] = mb.mask.bool()
+            inputs.kwargs["image_slots"] = ((mb.input_ids == self.module.config.image_token_id) & ~response
+                                            & mb.attention_mask.bool())
         autocast = (torch.autocast(self.world.device.type, dtype=torch.bfloat16) if self.cfg.autocast == "bfloat16"
                     else nullcontext())
         with autocast:
@@ -162,7 +187,8 @@ class TorchTrainer:
                 loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
+                                                         self.cfg.grad_clip))
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -174,7 +200,10 @@ class TorchTrainer:
     def _zero_loss(self) -> Tensor:
         """A pass through every parameter with zero gradient: keeps DDP in step on a rank out of data."""
         mb = TokenBatch.from_sequences([[0]], [[0]], pad_id=0).to(self.world.device)
-        return self._token_outputs(self.model, mb, False)[0].sum() * 0.0
+        loss = self._token_outputs(self.model, mb, False)[0].sum() * 0.0
+        if self.vision:  # a text pass leaves the vision tower out of the graph; DDP needs every trained weight in it
+            loss = loss + sum(p.reshape(-1)[0] for p in self.module.parameters() if p.requires_grad) * 0.0
+        return loss
 
     def _state_tensors(self) -> list[Tensor]:
         tensors = [p.data for p in self.module.parameters()]
@@ -214,7 +243,8 @@ class TorchTrainer:
         return [(name, p.detach()) for name, p in self.module.named_parameters()]
 
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        return weight_buckets(self.named_weights(), bucket_bytes)
+        """What engines must reload: every weight but the frozen ones (they never change)."""
+        return weight_buckets([(n, t) for n, t in self.named_weights() if n not in self.frozen], bucket_bytes)
 
     def state_dict(self) -> dict:
         """Live references (no copies) to what resuming needs: weights under HF names, AdamW state, the

@@ -1,0 +1,61 @@
+"""Image prompts through the launcher: torchrun, 2 ranks, real engines, DDP trainer on the tiny VL policy."""
+
+import json
+import math
+
+import pytest
+from safetensors.torch import load_file
+
+from e2e import torchrun
+from yatt.models.vision import vision_parameter
+from yatt.quickstart.sft_vl import run_sft_vl
+from yatt.quickstart.shapes import write_shapes_files
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module", params=["vllm", "hf", "hf-balanced"])
+def run(request, tmp_path_factory):
+    backend, balanced = request.param.split("-")[0], request.param.endswith("balanced")
+    tmp = tmp_path_factory.mktemp(f"vl_{request.param}")
+    # a short warm-up: the answer format and the majority answer, so sampled groups have reward variance
+    write_shapes_files(tmp / "data", sizes={"sft": 256, "train": 32, "eval": 8})
+    policy = tmp / "policy0"
+    run_sft_vl(tmp / "data", policy, stop_at=1.01, batch_size=32, max_steps=120, eval_every=120, log=lambda _: None)
+    config = tmp / "exp.yaml"
+    config.write_text(f"""
+model: {{path: {policy}}}
+data:
+  train: {{kind: jsonl, files: [{tmp / 'data' / 'train.jsonl'}]}}
+  eval: {{kind: jsonl, files: [{tmp / 'data' / 'eval.jsonl'}]}}
+  prompts_per_step: 8
+  eval_prompts: 8
+  max_prompt_tokens: 32
+rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: {backend}, kv_cache_gib: 0.25}}}}
+balance: {{enabled: {str(balanced).lower()}}}
+algorithm: {{mini_batches: 2}}
+trainer: {{lr: 0.01, micro_batch_size: 16}}
+run: {{name: e2e, output_dir: {tmp / 'runs'}, steps: 2, eval_every: 2}}
+""")
+    return torchrun(config, "--placement", "full", cwd=tmp), tmp / "runs" / "e2e", policy
+
+
+def test_image_run_trains_and_engines_follow(run):
+    proc, run_dir, policy = run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert any(r["reward/zero_variance_group_frac"] < 1 for r in records[1:]), "no step had a learning signal"
+    for r in records[1:]:
+        for key in ("actor/policy_loss", "actor/grad_norm", "reward/mean"):
+            assert math.isfinite(r[key]), (key, r)
+        assert r["rollout/samples"] == 32
+        # step 2's rollouts come from engines updated after step 1: their log-probs are the trainer's
+        assert r["rollout/trainer_logprob_diff_max"] < 1e-3, r
+    before, after = load_file(policy / "model.safetensors"), load_file(run_dir / "policy" / "model.safetensors")
+    assert set(before) == set(after)
+    vision = [k for k in before if vision_parameter(k)]
+    assert vision and max((before[k] - after[k]).abs().max().item() for k in vision) > 1e-4  # the tower trained
+    assert (run_dir / "policy" / "processor_config.json").is_file()  # exported as a VL folder
+    moved = sum(r.get("balance/moved_samples", 0) for r in records[1:])
+    assert sum(r.get("balance/moved_pixel_bytes", 0) for r in records[1:]) == moved * 4 * (3 * 32 * 32 + 32 * 32)

@@ -1,0 +1,64 @@
+"""A step's images: read by the rank that owns the rows, when the step that uses them starts, and dropped after.
+
+For each image row of the step's batch, `load_batch_images` reads the images' encoded bytes (the rank's own
+rows only: the shard never holds another rank's rows) and runs the policy's processor once, giving what
+both sides need: the engines get the placeholder ids and the bytes (vLLM and the hf engine expand them with
+their own processor), the trainer gets the expanded ids and the pixel tensors. The result lives in the step's
+rollouts (the G samples of a prompt share one object) and goes away with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from yatt.data import images as image_files
+from yatt.data.rows import PromptRow
+from yatt.models.vision import ImageInputs, Pixels
+
+
+@dataclass
+class PromptImages:
+    engine_ids: list[int]  # the prompt with one placeholder per image (what engines receive)
+    images: list[bytes]  # the images' encoded bytes, in placeholder order
+    prompt_ids: list[int]  # the expanded prompt (what the model sees and the trainer scores)
+    pixels: Pixels  # the processor's image tensors, batch dimension 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.images) + sum(t.numel() * t.element_size() for t in self.pixels.values())
+
+
+def load_batch_images(rows: list[PromptRow], inputs: ImageInputs | None, prompt_ids: list[list[int]]
+                      ) -> list[PromptImages | None]:
+    """Per row: its images loaded and encoded, or None for a text row."""
+    out: list[PromptImages | None] = []
+    for row, ids in zip(rows, prompt_ids, strict=True):
+        if not row.images:
+            out.append(None)
+            continue
+        if inputs is None:
+            raise ValueError(f"{row.where}: the row has images but the policy is not a vision-language model")
+        data = [image_files.read_image_bytes(ref, row.where) for ref in row.images]
+        expanded, pixels = inputs.encode(ids, data, row.where)
+        out.append(PromptImages(list(ids), data, expanded, pixels))
+    return out
+
+
+def stack_pixels(rollouts) -> dict[str, torch.Tensor]:
+    """The trainer's pixel inputs for a batch of rollouts, one row each ({} for text rollouts). Rows must share
+    one image layout (count and size of images): mixing text and image rows, or different layouts, in one
+    batch is not supported yet and is refused here rather than mis-aligned."""
+    with_images = [r.vision is not None for r in rollouts]
+    if not any(with_images):
+        return {}
+    if not all(with_images):
+        raise ValueError("a training batch mixes text and image prompts; not supported yet")
+    first = rollouts[0].vision.pixels
+    layout = {k: tuple(v.shape[1:]) for k, v in first.items()}
+    for r in rollouts:
+        if {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} != layout:
+            raise ValueError(f"image prompts of one batch have different image layouts ({layout} vs "
+                             f"{ {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} }); not supported yet")
+    return {k: torch.cat([r.vision.pixels[k] for r in rollouts]) for k in first}
