@@ -245,6 +245,16 @@ class AlgorithmConfig(Section):
         return _check_choice("algorithm.kl_estimator", value, KL_ESTIMATORS)
 
 
+class MegatronConfig(Section):
+    """trainer.backend=megatron: how the model is split. Data parallel = ranks / (tensor_parallel x
+    pipeline_parallel); the ranks of one tensor/pipeline group train on the same samples."""
+
+    tensor_parallel: int = Field(1, gt=0, description="Split every layer's weights (attention heads, MLP, "
+                                 "vocabulary) over this many ranks; divides the key-value heads.")
+    pipeline_parallel: int = Field(1, gt=0, description="Split the decoder layers into this many consecutive "
+                                   "stages, one per rank; divides the number of layers.")
+
+
 class TrainerConfig(Section):
     backend: str = Field("torch", description="Training backend, a name in yatt.trainers.TRAINERS.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights, gradients and optimizer "
@@ -270,6 +280,7 @@ class TrainerConfig(Section):
                                            "keeping its activations: less memory, ~1/3 more compute.")
     autocast: Literal["none", "bfloat16"] = Field("none", description="Run forward/backward under bfloat16 autocast "
                                                   "(weights stay trainer.dtype); fast on GPUs, slow on most CPUs.")
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig, description="trainer.backend=megatron only.")
 
     @field_validator("backend")
     @classmethod
@@ -407,6 +418,13 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         raise ConfigError(f"{source}: placement.mode=partial needs at least "
                           f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
                           f"min_genrm_devices), but {world_size} were launched")
+    if cfg.trainer.backend == "megatron":
+        split = cfg.trainer.megatron.tensor_parallel * cfg.trainer.megatron.pipeline_parallel
+        if world_size % split:
+            raise ConfigError(f"{source}: trainer.megatron.tensor_parallel x pipeline_parallel = {split} must divide "
+                              f"the {world_size} ranks launched (data parallel = ranks / that)")
+        if importlib.util.find_spec("megatron") is None:
+            raise ConfigError(f"{source}: trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
     per_rank, rest = divmod(cfg.data.prompts_per_step, world_size)
     if rest or per_rank % cfg.algorithm.mini_batches:
         raise ConfigError(f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
