@@ -24,6 +24,9 @@ schedules:
    bookkeeping tensors straight to "cuda" (the default causal mask, the grad-norm and found-inf scalars of
    the optimizer and `clip_grads`, the token counter of the pipeline schedules) and moves the tied output
    weight of the last pipeline stage with `.cuda()` before all-reducing it with the first stage's copy.
+   Likewise megatron's optimizers sort parameters by `param.type()` against the CUDA type names
+   ("torch.cuda.FloatTensor", "torch.cuda.BFloat16Tensor"), so inside `on_cpu()` a CPU tensor's `.type()`
+   answers with the CUDA name of the same dtype.
    A `TorchFunctionMode` sees every torch call's arguments before they run, so it can rewrite exactly those
    device arguments; it is scoped to `on_cpu()`, which the megatron trainer enters around its own calls
    into megatron, so no other code in the process is touched. (Autograd keeps the mode for backward.)
@@ -102,6 +105,8 @@ class _CudaToCpu(TorchFunctionMode):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].device.type == "cpu":
+            return func(*args).replace("torch.", "torch.cuda.", 1)
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
             kwargs.pop("pin_memory", None)  # pinning needs CUDA; a CPU tensor does not need it

@@ -108,13 +108,27 @@ def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
-    return GPTModel(
+    gpt = GPTModel(
         config=transformer_config(hf, tp, pp, dtype),
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
         vocab_size=padded_vocab(hf.vocab_size, tp), max_sequence_length=hf.max_position_embeddings,
         pre_process=pp_rank == 0, post_process=pp_rank == pp - 1, parallel_output=True,
         share_embeddings_and_output_weights=bool(hf.tie_word_embeddings), position_embedding_type="rope",
         rotary_base=rope_theta(hf), rotary_percent=1.0)
+    mark_tensor_parallel(gpt)
+    return gpt
+
+
+def mark_tensor_parallel(gpt) -> None:
+    """Tag each split weight as megatron's initialisers would. With perform_initialization=False, megatron
+    0.16's parallel linear layers never tag their weights (only biases), and the optimizer's gradient norm
+    then counts a split weight as a replicated one: on TP rank 0 only, half the norm lost at TP=2."""
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    for name, p in gpt.named_parameters():
+        dim = tp_dim(name)
+        if dim is not None and not getattr(p, "tensor_model_parallel", False):
+            set_tensor_model_parallel_attributes(p, True, dim, 1)
 
 
 # ---- full (unsharded) tensors: HF <-> megatron names -------------------------------------------------------
