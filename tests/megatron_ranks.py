@@ -114,3 +114,30 @@ def trainer_step_body(world, folder: str, tp: int, pp: int, batch, rows: list[li
     buckets = [[k for k, _ in bucket] for bucket in trainer.engine_weights(1 << 16)]
     return {"stats": stats, "weights": weights, "logp": logp, "entropy": ent, "dp_rank": trainer.dp_rank,
             "buckets": buckets, "state_keys": sorted(trainer.state_dict()["model"])}
+
+
+def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple, trainer_kwargs: dict) -> dict:
+    """Two steps in one trainer vs step 1, state_dict copied, a fresh trainer loading it, step 2: the
+    second steps' stats and weights, and the shard's size against the whole model's."""
+    import copy
+
+    from yatt.algorithms.objective import Algorithm
+    from yatt.config import AlgorithmConfig, MegatronConfig, TrainerConfig
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    cfg = TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp),
+                        **trainer_kwargs)
+    loss = Algorithm(AlgorithmConfig()).objective(*denominators)
+    first = MegatronTrainer(folder, cfg, world, total_steps=4)
+    first.train_mini_batch(batch, loss)
+    saved = copy.deepcopy(first.state_dict())
+    straight = first.train_mini_batch(batch, loss)
+    straight_weights = {k: v.clone() for bucket in first.engine_weights(1 << 20) for k, v in bucket}
+    second = MegatronTrainer(folder, cfg, world, total_steps=4)
+    second.load_state_dict(saved)
+    resumed = second.train_mini_batch(batch, loss)
+    resumed_weights = {k: v.clone() for bucket in second.engine_weights(1 << 20) for k, v in bucket}
+    shard = sum(t.numel() for t in saved["model"].values())
+    return {"straight": straight, "resumed": resumed, "straight_weights": straight_weights,
+            "resumed_weights": resumed_weights, "shard_numel": shard,
+            "model_numel": sum(t.numel() for t in straight_weights.values())}

@@ -89,7 +89,9 @@ class MegatronTrainer:
                                            self.tp_rank, self.pp, self.pp_rank, tied_output)
             self.gpt.load_state_dict({k: v.to(self.dtype) for k, v in state.items()}, strict=False)
             self._check_loaded(state)
-            self.gpt.to(world.device)
+            # megatron's parallel linears take params_dtype, its norms (torch RMSNorm) do not: cast the rest
+            # as megatron's Float16Module would
+            self.gpt.to(world.device, self.dtype)
             self.scorer = MegatronScorer(self.gpt, self._hf_config.vocab_size)
             self.model: torch.nn.Module = self.scorer
             if trainable:
