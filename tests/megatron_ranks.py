@@ -141,3 +141,18 @@ def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple
     return {"straight": straight, "resumed": resumed, "straight_weights": straight_weights,
             "resumed_weights": resumed_weights, "shard_numel": shard,
             "model_numel": sum(t.numel() for t in straight_weights.values())}
+
+
+def mismatch_body(world, folder: str, batch) -> str:
+    """TP=2 ranks handed different rows: the trainer refuses instead of mixing them in one forward."""
+    from yatt.config import MegatronConfig, TrainerConfig
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(folder, TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=2)),
+                              world, trainable=False)
+    trainer.logprobs(batch)  # the same rows: fine
+    try:
+        trainer.logprobs(batch.select([world.rank]))
+    except RuntimeError as err:
+        return str(err)
+    return "no error"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from megatron_ranks import needs_megatron, resume_body, run_ranks, trainer_step_body
+from megatron_ranks import mismatch_body, needs_megatron, resume_body, run_ranks, trainer_step_body
 from yatt.algorithms.objective import Algorithm
 from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.distributed import World
@@ -112,3 +112,8 @@ def test_a_shard_resumes_exactly(tmp_path, policy, step_data, tp, pp):
         for k, w in r["straight_weights"].items():
             assert torch.equal(r["resumed_weights"][k], w), k
         assert r["shard_numel"] <= 0.65 * r["model_numel"]
+
+
+def test_model_parallel_ranks_must_get_the_same_batch(tmp_path, policy, step_data):
+    results = run_ranks(2, mismatch_body, tmp_path, str(policy), step_data["batch"])
+    assert all("handed different batches" in r for r in results), results

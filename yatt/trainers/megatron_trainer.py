@@ -194,10 +194,31 @@ class MegatronTrainer:
                                    group=ps.get_pipeline_model_parallel_group(), device=torch.device("cpu"))
         return box[0]
 
+    def _check_same_batch(self, batch: TokenBatch) -> None:
+        """The ranks of one model-parallel (TP x PP) group must compute on the same samples; a mismatch would
+        silently mix different sequences inside one forward. A fingerprint of the batch, compared by min and
+        max over the group, catches it."""
+        if self.tp * self.pp == 1:
+            return
+        from megatron.core import parallel_state as ps
+
+        ids = batch.input_ids.double()
+        weights = torch.arange(1, ids.numel() + 1, dtype=torch.float64).reshape(ids.shape)
+        fingerprint = torch.tensor([float(ids.shape[0]), float(ids.shape[1]), float((ids * weights).sum()),
+                               float(batch.mask.sum()), batch.temperature], dtype=torch.float64)
+        low, high = fingerprint.clone(), fingerprint.clone()
+        group = ps.get_model_parallel_group()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+        if not torch.equal(low, high):
+            raise RuntimeError("the ranks of one tensor/pipeline-parallel group were handed different batches; "
+                               "they must train on the same samples (one data-parallel rank's)")
+
     def _count(self, micro: list[list[int]]) -> int:
         return max(1, int(self.world.max([float(len(micro))])[0]))
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        self._check_same_batch(batch)
         micro = self.micro_batches(batch)
         with torch.no_grad():
             outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None)
@@ -212,6 +233,7 @@ class MegatronTrainer:
 
     def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         assert self.trainable, "a frozen model cannot be trained"
+        self._check_same_batch(batch)
         micro = self.micro_batches(batch)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
