@@ -38,6 +38,7 @@ from yatt.trainers import megatron_model as mm
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
 from yatt.trainers.megatron_scoring import MegatronScorer
+from yatt.trainers.megatron_weights import gathered_buckets
 from yatt.trainers.packing import model_inputs
 from yatt.trainers.torch_trainer import lr_factor
 
@@ -262,69 +263,9 @@ class MegatronTrainer:
         return grad_norm
 
     # ---- weights out -------------------------------------------------------------------------------------
-    def _tp_gather(self, name: str, t: Tensor) -> Tensor:
-        from megatron.core import parallel_state as ps
-
-        if self.tp == 1 or mm.tp_dim(name) is None:
-            return t.detach()
-        shards = [torch.empty_like(t) for _ in range(self.tp)]
-        dist.all_gather(shards, t.detach().contiguous(), group=ps.get_tensor_model_parallel_group())
-        return mm.unshard(name, shards)
-
-    def _units(self) -> Iterator[tuple[int, int, dict[str, Tensor] | None]]:
-        """(owner stage, global layer, full megatron tensors or None if another stage owns them): the
-        embedding, final norm and head first (owner and layer -1: every stage holds some), then each layer."""
-        params = dict(self.gpt.named_parameters())
-        extras = {}
-        for name in ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight"):
-            if name in params and not (name == "output_layer.weight" and self._hf_config.tie_word_embeddings):
-                extras[name] = self._tp_gather(name, params[name])
-        yield -1, -1, extras
-        for layer in range(self._hf_config.num_hidden_layers):
-            owner = mm.layer_owner(self._hf_config, self.pp, layer)
-            if owner != self.pp_rank:
-                yield owner, layer, None
-                continue
-            local = layer - mm.stage_layers(self._hf_config, self.pp, owner).start
-            prefix = f"decoder.layers.{local}."
-            yield owner, layer, {k[len(prefix):]: self._tp_gather(k, p) for k, p in params.items()
-                                 if k.startswith(prefix)}
-
-    def _hf_units(self) -> Iterator[dict[str, Tensor]]:
-        """The policy as HF tensors, one unit (the non-layer weights, then one decoder layer) at a time,
-        on every rank: each stage gathers its TP shards, the owning stage sends the unit down the pipeline."""
-        from megatron.core import parallel_state as ps
-
-        ranks = dist.get_process_group_ranks(ps.get_pipeline_model_parallel_group()) if self.pp > 1 else None
-        for owner, layer, tensors in self._units():
-            if owner == -1:  # every stage holds some of the extras: each contributes its own
-                parts = [tensors]
-                if self.pp > 1:
-                    parts = [None] * self.pp
-                    dist.all_gather_object(parts, {k: v.cpu() for k, v in tensors.items()},
-                                           group=ps.get_pipeline_model_parallel_group())
-                merged = {k: v for part in parts for k, v in part.items()}
-                yield mm.mcore_extras_to_hf(merged, self._hf_config)
-                continue
-            if self.pp > 1:
-                box = [None if tensors is None else {k: v.cpu() for k, v in tensors.items()}]
-                dist.broadcast_object_list(box, src=ranks[owner], group=ps.get_pipeline_model_parallel_group(),
-                                           device=torch.device("cpu"))
-                tensors = box[0]
-            yield {f"model.layers.{layer}.{k}": v for k, v in mm.mcore_layer_to_hf(tensors, self._hf_config).items()}
-
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        bucket: NamedTensors = []
-        size = 0
-        for unit in self._hf_units():
-            n = sum(t.numel() * t.element_size() for t in unit.values())
-            if bucket and size + n > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.extend(unit.items())
-            size += n
-        if bucket:
-            yield bucket
+        """Collective over the model-parallel group: every rank gets the whole policy, one bucket at a time."""
+        return gathered_buckets(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes)
 
     @property
     def hf_config(self) -> Any:
