@@ -156,3 +156,22 @@ def mismatch_body(world, folder: str, batch) -> str:
     except RuntimeError as err:
         return str(err)
     return "no error"
+
+
+def data_world_body(world, tp: int, pp: int) -> dict:
+    """Every World op on the data-parallel view of a TP x PP split world."""
+    from yatt.distributed import data_parallel_world
+
+    view = data_parallel_world(world, tp, pp)
+    out = {"rank": view.rank, "size": view.size, "members": view.members}
+    out["sum"] = view.sum([float(view.rank + 1), 1.0])
+    out["max"] = view.max([float(world.rank)])
+    out["gathered"] = [t.tolist() for t in view.all_gather(torch.full((view.rank + 1, 2), float(world.rank)))]
+    out["broadcast"] = view.broadcast_object(("from", world.rank))
+    peer = 1 - view.rank if view.size == 2 else None
+    if peer is not None:
+        got = torch.zeros(3)
+        view.exchange({peer: [torch.full((3,), float(world.rank))]}, {peer: [got]})
+        out["exchanged"] = got.tolist()
+    view.barrier()
+    return out

@@ -92,7 +92,7 @@ def test_impossible_combinations(tmp_path, model_dir):
         load_experiment(path, ["rollout.engine.max_model_len=64", "data.max_prompt_tokens=60"])
     with pytest.raises(ConfigError, match="the model has 128 positions"):
         check_run(load_experiment(path, ["data.max_prompt_tokens=200"]), 1, str(path))
-    with pytest.raises(ConfigError, match="split evenly over 3 ranks"):
+    with pytest.raises(ConfigError, match="split evenly over 3 data-parallel ranks"):
         check_run(load_experiment(path), 3, str(path))
     megatron = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "trainer.megatron.pipeline_parallel=2"]
     with pytest.raises(ConfigError, match="tensor_parallel x pipeline_parallel = 4 must divide the 2 ranks"):

@@ -287,6 +287,13 @@ class TrainerConfig(Section):
     def _registered(cls, name: str) -> str:
         return TRAINERS.check(name)
 
+    @property
+    def model_parallel(self) -> tuple[int, int]:
+        """(tensor, pipeline) parallel sizes the backend splits the model into: ranks per data-parallel rank."""
+        if self.backend == "megatron":
+            return self.megatron.tensor_parallel, self.megatron.pipeline_parallel
+        return 1, 1
+
 
 class BalanceConfig(Section):
     """Moving rollouts between data-parallel ranks so each trains about the same work (DESIGN.md, principle 7)."""
@@ -418,17 +425,21 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         raise ConfigError(f"{source}: placement.mode=partial needs at least "
                           f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
                           f"min_genrm_devices), but {world_size} were launched")
-    if cfg.trainer.backend == "megatron":
-        split = cfg.trainer.megatron.tensor_parallel * cfg.trainer.megatron.pipeline_parallel
-        if world_size % split:
-            raise ConfigError(f"{source}: trainer.megatron.tensor_parallel x pipeline_parallel = {split} must divide "
-                              f"the {world_size} ranks launched (data parallel = ranks / that)")
-        if importlib.util.find_spec("megatron") is None:
-            raise ConfigError(f"{source}: trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
-    per_rank, rest = divmod(cfg.data.prompts_per_step, world_size)
+    tp, pp = cfg.trainer.model_parallel
+    if world_size % (tp * pp):
+        raise ConfigError(f"{source}: trainer.megatron.tensor_parallel x pipeline_parallel = {tp * pp} must divide "
+                          f"the {world_size} ranks launched (data parallel = ranks / that)")
+    if cfg.trainer.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+        raise ConfigError(f"{source}: trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
+    if tp * pp > 1 and (cfg.balance.enabled or p.mode == "partial"):
+        raise ConfigError(f"{source}: with tensor/pipeline parallelism, balance.enabled and placement.mode=partial "
+                          "are not supported yet (they move rollouts between ranks, not data-parallel groups)")
+    data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
+    per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
     if rest or per_rank % cfg.algorithm.mini_batches:
         raise ConfigError(f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
-                          f"{world_size} ranks and then into algorithm.mini_batches={cfg.algorithm.mini_batches}")
+                          f"{data_ranks} data-parallel ranks and then into algorithm.mini_batches="
+                          f"{cfg.algorithm.mini_batches}")
     folders = {"model.path": cfg.model.path, **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges}}
     for field, folder in folders.items():
         if not folder.is_dir():

@@ -19,7 +19,7 @@ from yatt.controllers.samples import SamplesWriter, keep_samples_until
 from yatt.controllers.watch import open_sinks
 from yatt.controllers.shard import ControllerShard
 from yatt.data.prepare import load_rank_data
-from yatt.distributed import World
+from yatt.distributed import World, data_parallel_world
 
 
 def _evals(records: list[dict]) -> tuple[dict, dict]:
@@ -67,8 +67,10 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
     if world.is_main:
         print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
     # the data is read and every prompt tokenized before any engine starts: a bad row stops the run here
-    data = load_rank_data(cfg, world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
-    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data)
+    # with tensor/pipeline parallelism the ranks of one model-parallel group share one data-parallel slice
+    data_world = data_parallel_world(world, *cfg.trainer.model_parallel)
+    data = load_rank_data(cfg, data_world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
+    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data, data_world=data_world)
     if found:
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained

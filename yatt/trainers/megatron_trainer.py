@@ -84,6 +84,10 @@ class MegatronTrainer:
             init_model_parallel(self.tp, self.pp)
             self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
             self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+            # the controller shards data by yatt.distributed.data_parallel_world, which assumes this order
+            if self.dp_rank != (world.rank // self.tp) % self.dp_size:
+                raise RuntimeError(f"megatron placed rank {world.rank} at data-parallel rank {self.dp_rank}, not "
+                                   f"{(world.rank // self.tp) % self.dp_size} as yatt's data view assumes")
             self.gpt = mm.build_gpt(self._hf_config, self.tp, self.pp, self.pp_rank, self.dtype)
             tied_output = self._hf_config.tie_word_embeddings and self.pp > 1 and self.pp_rank == self.pp - 1
             state = mm.local_state_from_hf(read_hf_weights(Path(model_path)), self._hf_config, self.tp,
