@@ -431,6 +431,9 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
                           f"the {world_size} ranks launched (data parallel = ranks / that)")
     if cfg.trainer.backend == "megatron" and importlib.util.find_spec("megatron") is None:
         raise ConfigError(f"{source}: trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
+    if tp * pp > 1 and cfg.checkpoint.export_hf:
+        raise ConfigError(f"{source}: checkpoint.export_hf needs the whole model on one rank; with tensor/pipeline "
+                          "parallelism the final policy is exported (run.export_policy) by gathering the shards")
     if tp * pp > 1 and (cfg.balance.enabled or p.mode == "partial"):
         raise ConfigError(f"{source}: with tensor/pipeline parallelism, balance.enabled and placement.mode=partial "
                           "are not supported yet (they move rollouts between ranks, not data-parallel groups)")

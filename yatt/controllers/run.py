@@ -116,7 +116,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
         checkpoints.finish()
         train_seconds = time.perf_counter() - train_start
         # ranks may train different counts (dynamic sampling, rebalancing)
-        samples, since_start = world.sum([float(shard.samples_trained), float(shard.samples_trained - samples_before)])
+        samples, since_start = data_world.sum([float(shard.samples_trained),
+                                               float(shard.samples_trained - samples_before)])
         summary = {
             "steps": cfg.run.steps,
             "world_size": world.size,
@@ -132,7 +133,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
             "samples_per_second": round(since_start / train_seconds, 2),
             "checkpoint_stall_seconds": round(sum(checkpoints.stall_seconds), 3),
         }
-        if cfg.run.export_policy and world.is_main:
+        # a sharded trainer gathers its shards for the export: every rank takes part, rank 0 writes
+        if cfg.run.export_policy and (world.is_main or not shard.trainer.replicated):
             shard.export_policy(run_dir / "policy")
             summary["policy_dir"] = str(run_dir / "policy")
         world.barrier()

@@ -196,7 +196,7 @@ class MegatronTrainer:
 
         box = [obj]
         dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
-                                   group=ps.get_pipeline_model_parallel_group(), device=torch.device("cpu"))
+                                   group=ps.get_pipeline_model_parallel_group(), device=self.world.device)
         return box[0]
 
     def _check_same_batch(self, batch: TokenBatch) -> None:
@@ -209,8 +209,10 @@ class MegatronTrainer:
 
         ids = batch.input_ids.double()
         weights = torch.arange(1, ids.numel() + 1, dtype=torch.float64).reshape(ids.shape)
+        # on the device: megatron's groups are NCCL-only on GPUs
         fingerprint = torch.tensor([float(ids.shape[0]), float(ids.shape[1]), float((ids * weights).sum()),
-                               float(batch.mask.sum()), batch.temperature], dtype=torch.float64)
+                                    float(batch.mask.sum()), batch.temperature], dtype=torch.float64,
+                                   device=self.world.device)
         low, high = fingerprint.clone(), fingerprint.clone()
         group = ps.get_model_parallel_group()
         dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
@@ -269,7 +271,8 @@ class MegatronTrainer:
     # ---- weights out -------------------------------------------------------------------------------------
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
         """Collective over the model-parallel group: every rank gets the whole policy, one bucket at a time."""
-        return gathered_buckets(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes)
+        return gathered_buckets(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes,
+                                self.world.device)
 
     @property
     def hf_config(self) -> Any:

@@ -4,7 +4,8 @@ names, in buckets that never split a decoder layer (engines reload fused q/k/v a
 Unit by unit (the embedding / final norm / head, then each decoder layer): the stage that holds the unit
 all-gathers its TP shards into full tensors, maps them to HF names, and (PP > 1) broadcasts them to the other
 stages, so every rank ends with every unit while holding at most one bucket of gathered weights beyond its
-own shard. Small pickled broadcasts over gloo are enough on CPU; a GPU run would broadcast tensors instead.
+own shard. Across stages the units travel as pickled objects (on `device`: megatron's groups are NCCL-only
+on GPUs); tensor broadcasts of known shapes would avoid the pickling on large models.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int
         yield owner, layer, {k[len(prefix):]: tp_gather(k, p, tp) for k, p in params.items() if k.startswith(prefix)}
 
 
-def hf_units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int) -> Iterator[dict[str, Tensor]]:
+def hf_units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, device: torch.device
+             ) -> Iterator[dict[str, Tensor]]:
     """The policy as HF tensors, one unit at a time, on every rank of the model-parallel group."""
     from megatron.core import parallel_state as ps
 
@@ -65,17 +67,17 @@ def hf_units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int) -> Iterato
             continue
         if pp > 1:
             box = [None if tensors is None else {k: v.cpu() for k, v in tensors.items()}]
-            dist.broadcast_object_list(box, src=ranks[owner], group=group, device=torch.device("cpu"))
+            dist.broadcast_object_list(box, src=ranks[owner], group=group, device=device)
             tensors = box[0]
         yield {f"model.layers.{layer}.{k}": v for k, v in mm.mcore_layer_to_hf(tensors, hf).items()}
 
 
-def gathered_buckets(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, bucket_bytes: int
-                     ) -> Iterator[NamedTensors]:
+def gathered_buckets(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, bucket_bytes: int,
+                     device: torch.device) -> Iterator[NamedTensors]:
     """Buckets of about `bucket_bytes` of whole units (a unit larger than that is a bucket alone)."""
     bucket: NamedTensors = []
     size = 0
-    for unit in hf_units(gpt, hf, tp, pp, pp_rank):
+    for unit in hf_units(gpt, hf, tp, pp, pp_rank, device):
         n = sum(t.numel() * t.element_size() for t in unit.values())
         if bucket and size + n > bucket_bytes:
             yield bucket
