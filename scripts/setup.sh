@@ -21,5 +21,9 @@ else
   python -m pip install -q -e ".[cpu,dev]"
   # The PyPI torchvision/torchaudio that come along are CUDA builds and break transformers' imports.
   python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  # megatron-core for trainer.backend=megatron (its tests skip without it). --no-deps: it must never swap
+  # the CPU torch for another build; what it imports beyond torch/numpy/packaging is already installed.
+  python -m pip install -q --no-deps "$(python -c 'import sys; print("megatron-core==0.16.1" if sys.version_info < (3, 12) else "megatron-core>=0.17")')" \
+    || echo "note: megatron-core did not install; trainer.backend=megatron and its tests are unavailable"
 fi
 python -c "import yatt, torch, vllm; print(f'yatt ready: torch {torch.__version__}, vllm {vllm.__version__}')"

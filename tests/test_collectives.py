@@ -166,6 +166,9 @@ def test_gpu_check_script_passes_here(tmp_path):
 
 ALLOWED_DIST = {"is_initialized", "is_available"}
 DDP_OWNERS = {"yatt/trainers"}  # DDP (NCCL on the device) is the trainer's business
+# the megatron backend's model-parallel collectives (TP shards, PP stages, over megatron's own groups, with
+# tensors on the device) are the trainer's business as DDP is
+MODEL_PARALLEL_OWNERS = {"yatt/trainers/megatron_"}
 
 
 def distributed_calls(source: str) -> list[str]:
@@ -188,7 +191,7 @@ def test_only_yatt_distributed_issues_collectives():
     offenders = {}
     for path in sorted((REPO / "yatt").rglob("*.py")):
         rel = path.relative_to(REPO).as_posix()
-        if rel == "yatt/distributed.py":
+        if rel == "yatt/distributed.py" or any(rel.startswith(p) for p in MODEL_PARALLEL_OWNERS):
             continue
         source = path.read_text()
         calls = distributed_calls(source)

@@ -65,7 +65,7 @@ def test_validation_does_not_change_values(tmp_path, model_dir):
 
 def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_path, model_dir):
     path = write_config(tmp_path, model_dir)
-    cases = {"trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: torch",
+    cases = {"trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: megatron, torch",
              "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
              "algorithm.advantage.kind=ppo": ("unknown algorithm.advantage.kind 'ppo'; registered: gae, grpo, "
                                               "reinforce_pp, reinforce_pp_baseline, remax, rloo"),
@@ -92,8 +92,11 @@ def test_impossible_combinations(tmp_path, model_dir):
         load_experiment(path, ["rollout.engine.max_model_len=64", "data.max_prompt_tokens=60"])
     with pytest.raises(ConfigError, match="the model has 128 positions"):
         check_run(load_experiment(path, ["data.max_prompt_tokens=200"]), 1, str(path))
-    with pytest.raises(ConfigError, match="split evenly over 3 ranks"):
+    with pytest.raises(ConfigError, match="split evenly over 3 data-parallel ranks"):
         check_run(load_experiment(path), 3, str(path))
+    megatron = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "trainer.megatron.pipeline_parallel=2"]
+    with pytest.raises(ConfigError, match="tensor_parallel x pipeline_parallel = 4 must divide the 2 ranks"):
+        check_run(load_experiment(path, megatron), 2, str(path))
 
 
 def test_balance_and_dynamic_sampling_sections(tmp_path, model_dir):

@@ -256,6 +256,16 @@ class AlgorithmConfig(Section):
         return _check_choice("algorithm.kl_estimator", value, KL_ESTIMATORS)
 
 
+class MegatronConfig(Section):
+    """trainer.backend=megatron: how the model is split. Data parallel = ranks / (tensor_parallel x
+    pipeline_parallel); the ranks of one tensor/pipeline group train on the same samples."""
+
+    tensor_parallel: int = Field(1, gt=0, description="Split every layer's weights (attention heads, MLP, "
+                                 "vocabulary) over this many ranks; divides the key-value heads.")
+    pipeline_parallel: int = Field(1, gt=0, description="Split the decoder layers into this many consecutive "
+                                   "stages, one per rank; divides the number of layers.")
+
+
 class TrainerConfig(Section):
     backend: str = Field("torch", description="Training backend, a name in yatt.trainers.TRAINERS.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights, gradients and optimizer "
@@ -281,11 +291,19 @@ class TrainerConfig(Section):
                                            "keeping its activations: less memory, ~1/3 more compute.")
     autocast: Literal["none", "bfloat16"] = Field("none", description="Run forward/backward under bfloat16 autocast "
                                                   "(weights stay trainer.dtype); fast on GPUs, slow on most CPUs.")
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig, description="trainer.backend=megatron only.")
 
     @field_validator("backend")
     @classmethod
     def _registered(cls, name: str) -> str:
         return TRAINERS.check(name)
+
+    @property
+    def model_parallel(self) -> tuple[int, int]:
+        """(tensor, pipeline) parallel sizes the backend splits the model into: ranks per data-parallel rank."""
+        if self.backend == "megatron":
+            return self.megatron.tensor_parallel, self.megatron.pipeline_parallel
+        return 1, 1
 
 
 class BalanceConfig(Section):
@@ -437,10 +455,24 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         raise ConfigError(f"{source}: placement.mode=partial needs at least "
                           f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
                           f"min_genrm_devices), but {world_size} were launched")
-    per_rank, rest = divmod(cfg.data.prompts_per_step, world_size)
+    tp, pp = cfg.trainer.model_parallel
+    if world_size % (tp * pp):
+        raise ConfigError(f"{source}: trainer.megatron.tensor_parallel x pipeline_parallel = {tp * pp} must divide "
+                          f"the {world_size} ranks launched (data parallel = ranks / that)")
+    if cfg.trainer.backend == "megatron" and importlib.util.find_spec("megatron") is None:
+        raise ConfigError(f"{source}: trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
+    if tp * pp > 1 and cfg.checkpoint.export_hf:
+        raise ConfigError(f"{source}: checkpoint.export_hf needs the whole model on one rank; with tensor/pipeline "
+                          "parallelism the final policy is exported (run.export_policy) by gathering the shards")
+    if tp * pp > 1 and (cfg.balance.enabled or p.mode == "partial"):
+        raise ConfigError(f"{source}: with tensor/pipeline parallelism, balance.enabled and placement.mode=partial "
+                          "are not supported yet (they move rollouts between ranks, not data-parallel groups)")
+    data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
+    per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
     if rest or per_rank % cfg.algorithm.mini_batches:
         raise ConfigError(f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
-                          f"{world_size} ranks and then into algorithm.mini_batches={cfg.algorithm.mini_batches}")
+                          f"{data_ranks} data-parallel ranks and then into algorithm.mini_batches="
+                          f"{cfg.algorithm.mini_batches}")
     folders = {"model.path": cfg.model.path, **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges},
                **({"critic.model": cfg.critic.model} if cfg.uses_critic and cfg.critic.model else {})}
     for field, folder in folders.items():

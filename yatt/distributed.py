@@ -21,6 +21,12 @@ exists, so a one-GPU run exercises the same gloo path as a multi-GPU one (and
 scripts/gpu_check_collectives.py a DDP step over NCCL beside it). A plain `python` run
 without torchrun is a group-less world of one, and every op is local.
 
+A data-parallel view (`data_parallel_world`): with a trainer that splits the model over tensor/pipeline
+parallel ranks, the ranks of one model-parallel group are one data-parallel rank. The view's rank and size
+are the data-parallel ones and its collectives run over a process group of the ranks that share this
+rank's model-parallel coordinates (one such group per coordinate, all computing the same values), so data
+sharding, global denominators and metric sums count every data-parallel rank once.
+
 `YATT_RECORD_COLLECTIVES=<dir>` makes each rank append one JSON line per issued op (which World call, the
 torch op, its tensors' device/dtype/shape) to `<dir>/rank<r>.jsonl`, so a CPU run can prove what a GPU run
 would send where.
@@ -69,6 +75,14 @@ class World:
     size: int
     local_rank: int
     device: torch.device
+    # a data-parallel view (data_parallel_world): the process group its ops use and its members' global
+    # ranks, by view rank; None: the whole torchrun world
+    group: Any = None
+    members: tuple[int, ...] | None = None
+
+    def global_rank(self, rank: int) -> int:
+        """The torchrun rank of this world's `rank` (the same number unless this is a view)."""
+        return rank if self.members is None else self.members[rank]
 
     @property
     def is_main(self) -> bool:
@@ -91,7 +105,7 @@ class World:
         t = torch.tensor(values, dtype=torch.float64)
         if self.grouped:
             self._record(call, "all_reduce", [t], reduce=call)
-            dist.all_reduce(t, op=op)
+            dist.all_reduce(t, op=op, group=self.group)
         return t.tolist()
 
     # ---- tensors of metadata ----------------------------------------------------------------------
@@ -104,13 +118,13 @@ class World:
         count = torch.tensor([t.shape[0]], dtype=torch.int64)
         counts = [torch.zeros_like(count) for _ in range(self.size)]
         self._record("all_gather", "all_gather", [count])
-        dist.all_gather(counts, count)
+        dist.all_gather(counts, count, group=self.group)
         width = max(1, max(int(c) for c in counts))  # no empty collectives
         padded = torch.zeros((width, *t.shape[1:]), dtype=t.dtype)
         padded[: t.shape[0]] = t
         gathered = [torch.zeros_like(padded) for _ in range(self.size)]
         self._record("all_gather", "all_gather", [padded])
-        dist.all_gather(gathered, padded)
+        dist.all_gather(gathered, padded, group=self.group)
         return [g[: int(c)] for g, c in zip(gathered, counts)]
 
     def exchange(self, sends: Mapping[int, Sequence[torch.Tensor]],
@@ -129,13 +143,13 @@ class World:
             for tag, t in enumerate(tensors):
                 t = _host(t, "exchange")
                 self._record("exchange", "send", [t], peer=peer)
-                requests.append(dist.isend(t, peer, tag=tag))
+                requests.append(dist.isend(t, self.global_rank(peer), tag=tag))
         for peer, buffers in recvs.items():
             for tag, t in enumerate(buffers):
                 if t.device.type != "cpu" or not t.is_contiguous():
                     raise ValueError(f"World.exchange receives into contiguous CPU buffers, got {t.device}")
                 self._record("exchange", "recv", [t], peer=peer)
-                requests.append(dist.irecv(t, peer, tag=tag))
+                requests.append(dist.irecv(t, self.global_rank(peer), tag=tag))
         for request in requests:
             request.wait()
 
@@ -147,7 +161,7 @@ class World:
         box = [obj]
         # torch broadcasts the pickled sizes (int64) and bytes (uint8) as tensors on `device`
         self._record("broadcast_object", "broadcast", [_desc(_CPU, torch.int64, [1]), _desc(_CPU, torch.uint8, [-1])])
-        dist.broadcast_object_list(box, src=0, device=_CPU)
+        dist.broadcast_object_list(box, src=self.global_rank(0), group=self.group, device=_CPU)
         return box[0]
 
     @property
@@ -159,7 +173,7 @@ class World:
         if self.grouped:
             t = torch.zeros(1, dtype=torch.int32)
             self._record("barrier", "all_reduce", [t], reduce="sum")
-            dist.all_reduce(t)
+            dist.all_reduce(t, group=self.group)
 
     # ---- the key-value store ----------------------------------------------------------------------
     def publish(self, key: str, value: str) -> None:
@@ -199,6 +213,27 @@ def _store():
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def data_parallel_world(world: World, tensor_parallel: int, pipeline_parallel: int) -> World:
+    """The data-parallel view of `world` when the model is split TP x PP, with megatron-core's rank order
+    (tensor-parallel ranks adjacent, then data-parallel, then pipeline stages):
+    rank = tp_rank + TP * (dp_rank + DP * pp_rank). Collective: every rank builds every group."""
+    split = tensor_parallel * pipeline_parallel
+    if split == 1:
+        return world
+    if world.size % split:
+        raise ValueError(f"tensor_parallel x pipeline_parallel = {split} does not divide {world.size} ranks")
+    dp = world.size // split
+    mine = None
+    for pp_rank in range(pipeline_parallel):
+        for tp_rank in range(tensor_parallel):
+            members = tuple(tp_rank + tensor_parallel * (d + dp * pp_rank) for d in range(dp))
+            group = dist.new_group(list(members), backend="gloo") if _grouped() else None
+            if world.rank in members:
+                mine = (members, group)
+    members, group = mine
+    return World(members.index(world.rank), dp, world.local_rank, world.device, group, members)
 
 
 def env_rank() -> int:

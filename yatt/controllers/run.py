@@ -19,7 +19,7 @@ from yatt.controllers.samples import SamplesWriter, keep_samples_until
 from yatt.controllers.watch import open_sinks
 from yatt.controllers.shard import ControllerShard
 from yatt.data.prepare import load_rank_data
-from yatt.distributed import World
+from yatt.distributed import World, data_parallel_world
 
 
 def _evals(records: list[dict]) -> tuple[dict, dict]:
@@ -67,8 +67,10 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
     if world.is_main:
         print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
     # the data is read and every prompt tokenized before any engine starts: a bad row stops the run here
-    data = load_rank_data(cfg, world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
-    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data)
+    # with tensor/pipeline parallelism the ranks of one model-parallel group share one data-parallel slice
+    data_world = data_parallel_world(world, *cfg.trainer.model_parallel)
+    data = load_rank_data(cfg, data_world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
+    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data, data_world=data_world)
     if found:
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained
@@ -114,7 +116,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
         checkpoints.finish()
         train_seconds = time.perf_counter() - train_start
         # ranks may train different counts (dynamic sampling, rebalancing)
-        samples, since_start = world.sum([float(shard.samples_trained), float(shard.samples_trained - samples_before)])
+        samples, since_start = data_world.sum([float(shard.samples_trained),
+                                               float(shard.samples_trained - samples_before)])
         summary = {
             "steps": cfg.run.steps,
             "world_size": world.size,
@@ -130,7 +133,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
             "samples_per_second": round(since_start / train_seconds, 2),
             "checkpoint_stall_seconds": round(sum(checkpoints.stall_seconds), 3),
         }
-        if cfg.run.export_policy and world.is_main:
+        # a sharded trainer gathers its shards for the export: every rank takes part, rank 0 writes
+        if cfg.run.export_policy and (world.is_main or not shard.trainer.replicated):
             shard.export_policy(run_dir / "policy")
             summary["policy_dir"] = str(run_dir / "policy")
         world.barrier()

@@ -79,8 +79,15 @@ class StageTimer:
 class ControllerShard:
     """Takes its trainer, engines and algorithm from `build_components`; owns the data and the step."""
 
-    def __init__(self, cfg: ExperimentConfig, world: World, parts: Components, data: RankData | None = None):
-        """`data`: this rank's checked data (yatt.data.prepare, read before the engines start); None reads it."""
+    def __init__(self, cfg: ExperimentConfig, world: World, parts: Components, data: RankData | None = None,
+                 data_world: World | None = None):
+        """`data`: this rank's checked data (yatt.data.prepare, read before the engines start); None reads it.
+        `data_world`: the data-parallel view of `world` (yatt.distributed.data_parallel_world) when the
+        trainer splits the model over ranks: data, seeds, denominators and metric sums go by data-parallel
+        rank, so the ranks of one model-parallel group generate and train on the same samples (same prompts,
+        same per-sample seeds; the trainer checks the batches agree). Devices (engines, placement) stay `world`'s."""
+        self.devices = world
+        world = data_world or world
         self.cfg, self.world = cfg, world
         self.tokenizer, self.trainer, self.ref = parts.tokenizer, parts.trainer, parts.ref
         self.engines, self.algorithm, self.critic = parts.engines, parts.algorithm, parts.critic
@@ -96,7 +103,7 @@ class ControllerShard:
         self.policy_weights = lambda: self.trainer.engine_weights(bucket_bytes)
         self.engines.policy_weights = self.policy_weights
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
-        self.schedule = GenerationSchedule(cfg.placement, world.size)
+        self.schedule = GenerationSchedule(cfg.placement, self.devices.size)
         self.placement = DeviceOwnership({
             # an engine killed between stages is restarted by these, not fatal (services._each)
             "rollout": HookRole(lambda: self.engines.sleep(ROLLOUT), lambda: self.engines.wake(ROLLOUT)),
@@ -128,7 +135,7 @@ class ControllerShard:
         self.last_rollouts = rollouts  # this rank's scored rollouts (samples.jsonl shows some)
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
-                self.world.barrier()
+                self.devices.barrier()
         with timer("balance"):
             trained, plan = self._rebalance(rollouts)  # what this rank trains: its own and moved rollouts
         with self.placement.own("train"):
@@ -182,7 +189,7 @@ class ControllerShard:
         images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
         common = dict(step=step, round_=round_, run_seed=cfg.run.seed, images=images)
         if cfg.placement.mode == "full":  # this device: rollout, then GenRM
-            rank = [self.world.rank]
+            rank = [self.devices.rank]
             lanes = {name: JudgeLane(j, self.engines.pool(genrm_role(name), rank)) for name, j in self.judges.items()}
             with self.placement.own("rollout"):
                 return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
@@ -191,7 +198,7 @@ class ControllerShard:
         split = self.schedule.split
         lanes = {name: JudgeLane(j, self.engines.pool(genrm_role(name), split.genrm))
                  for name, j in self.judges.items()}
-        with self.placement.own(split.role_of(self.world.rank)):
+        with self.placement.own(split.role_of(self.devices.rank)):
             return generate_and_judge(rows, prompt_ids, seeds, self.sampling, self.tokenizer,
                                       self.engines.pool(ROLLOUT, split.rollout), lanes, stream=True, **common)
 
@@ -385,8 +392,8 @@ class ControllerShard:
                                             "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
                                             "time/rollout_phase_s": gen.rollout_s, "time/judge_tail_s": gen.judge_tail_s}),
                "placement/switches": owned["placement/switches"], "placement/engine_restarts": float(restarted),
-               "placement/rollout_devices": float(len(split.rollout) if split else self.world.size),
-               "placement/genrm_devices": float(len(split.genrm) if split else self.world.size)}
+               "placement/rollout_devices": float(len(split.rollout) if split else self.devices.size),
+               "placement/genrm_devices": float(len(split.genrm) if split else self.devices.size)}
         out.update(device_metrics(self.world, owned, rollout_busy + judge_busy + train_busy, sum(timer.seconds.values())))
         if self.judges:
             out.update(judge_metrics(self.world, self.judges, rollouts, gen.judged, gen.unparseable,

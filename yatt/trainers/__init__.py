@@ -7,4 +7,5 @@ from yatt.registry import Registry
 
 TRAINERS: Registry = Registry("trainer.backend", {
     "torch": "yatt.trainers.torch_trainer:TorchTrainer",
+    "megatron": "yatt.trainers.megatron_trainer:MegatronTrainer",
 })

@@ -1,0 +1,177 @@
+"""What the megatron tests run on several gloo ranks: a spawner, and the per-rank bodies.
+
+Each body runs in a fresh process (torch.multiprocessing spawn) with one compute thread, joins a gloo group
+over a free local port, and writes its results with torch.save to `out/rank{r}.pt`; the test reads them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+import torch
+
+try:
+    import megatron.core  # noqa: F401
+    HAVE_MEGATRON = True
+except ImportError:
+    HAVE_MEGATRON = False
+
+needs_megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed "
+                                    "(pip install 'yatt[megatron]'; scripts/setup.sh installs it on CPU)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world: int, port: int, body: Callable, out: str, args: tuple) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from yatt.distributed import World
+
+    result = body(World(rank, world, rank, torch.device("cpu")), *args)
+    torch.save(result, Path(out) / f"rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def run_ranks(world: int, body: Callable, out: Path, *args: Any) -> list[Any]:
+    """body(World, *args) on `world` gloo ranks; the list of what each returned, by rank."""
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.multiprocessing.spawn(_entry, args=(world, _free_port(), body, str(out), args), nprocs=world)
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+# ---- bodies --------------------------------------------------------------------------------------------------
+
+def logits_body(world, folder: str, tp: int, pp: int, ids: torch.Tensor) -> dict:
+    """Full-vocabulary logits of `ids` from the GPTModel mapped from `folder` (gathered over TP, on the last
+    stage), and this rank's megatron shard mapped back to HF names."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+    from transformers import AutoConfig
+
+    from yatt.trainers import megatron_compat as compat
+    from yatt.trainers import megatron_model as mm
+    from yatt.trainers.megatron_trainer import init_model_parallel, read_hf_weights
+
+    compat.apply()
+    hf = AutoConfig.from_pretrained(folder)
+    with compat.on_cpu():
+        init_model_parallel(tp, pp)
+        tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        gpt = mm.build_gpt(hf, tp, pp, pp_rank, torch.float32)
+        tied = hf.tie_word_embeddings and pp > 1 and pp_rank == pp - 1
+        gpt.load_state_dict(mm.local_state_from_hf(read_hf_weights(Path(folder)), hf, tp, tp_rank, pp, pp_rank,
+                                                   tied), strict=False)
+        width = ids.shape[1]
+        positions = torch.arange(width).expand_as(ids)
+        mask = torch.ones(width, width, dtype=torch.bool).triu(1)[None, None]
+        store = []
+
+        def step(iterator, model):
+            out = model(next(iterator), positions, mask)
+
+            def loss(o):
+                store.append(gather_from_tensor_model_parallel_region(o.detach())[..., :hf.vocab_size])
+                return o.sum() * 0.0, {}
+            return out, loss
+
+        with torch.no_grad():
+            get_forward_backward_func()(forward_step_func=step, data_iterator=iter([ids]), model=[gpt],
+                                        num_microbatches=1, seq_length=width, micro_batch_size=len(ids),
+                                        forward_only=True)
+    return {"logits": store[0] if store else None, "tp_rank": tp_rank, "pp_rank": pp_rank}
+
+
+def trainer_step_body(world, folder: str, tp: int, pp: int, batch, rows: list[list[int]], denominators: tuple,
+                      trainer_kwargs: dict) -> dict:
+    """One MegatronTrainer.train_mini_batch on this rank's rows (by data-parallel rank) with the PPO loss:
+    its stats, the weights after the step under HF names, and log-probs before the step."""
+    from yatt.algorithms.objective import Algorithm
+    from yatt.config import AlgorithmConfig, MegatronConfig, TrainerConfig
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    cfg = TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp),
+                        **trainer_kwargs)
+    trainer = MegatronTrainer(folder, cfg, world, total_steps=4)
+    mine = batch.select(rows[trainer.dp_rank])  # extras (old log-probs, advantages) come along
+    logp, ent = trainer.logprobs(mine, with_entropy=True)
+    stats = trainer.train_mini_batch(mine, Algorithm(AlgorithmConfig()).objective(*denominators))
+    weights = {k: v.clone() for bucket in trainer.engine_weights(1 << 16) for k, v in bucket}
+    buckets = [[k for k, _ in bucket] for bucket in trainer.engine_weights(1 << 16)]
+    return {"stats": stats, "weights": weights, "logp": logp, "entropy": ent, "dp_rank": trainer.dp_rank,
+            "buckets": buckets, "state_keys": sorted(trainer.state_dict()["model"])}
+
+
+def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple, trainer_kwargs: dict) -> dict:
+    """Two steps in one trainer vs step 1, state_dict copied, a fresh trainer loading it, step 2: the
+    second steps' stats and weights, and the shard's size against the whole model's."""
+    import copy
+
+    from yatt.algorithms.objective import Algorithm
+    from yatt.config import AlgorithmConfig, MegatronConfig, TrainerConfig
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    cfg = TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp),
+                        **trainer_kwargs)
+    loss = Algorithm(AlgorithmConfig()).objective(*denominators)
+    first = MegatronTrainer(folder, cfg, world, total_steps=4)
+    first.train_mini_batch(batch, loss)
+    saved = copy.deepcopy(first.state_dict())
+    straight = first.train_mini_batch(batch, loss)
+    straight_weights = {k: v.clone() for bucket in first.engine_weights(1 << 20) for k, v in bucket}
+    second = MegatronTrainer(folder, cfg, world, total_steps=4)
+    second.load_state_dict(saved)
+    resumed = second.train_mini_batch(batch, loss)
+    resumed_weights = {k: v.clone() for bucket in second.engine_weights(1 << 20) for k, v in bucket}
+    shard = sum(t.numel() for t in saved["model"].values())
+    return {"straight": straight, "resumed": resumed, "straight_weights": straight_weights,
+            "resumed_weights": resumed_weights, "shard_numel": shard,
+            "model_numel": sum(t.numel() for t in straight_weights.values())}
+
+
+def mismatch_body(world, folder: str, batch) -> str:
+    """TP=2 ranks handed different rows: the trainer refuses instead of mixing them in one forward."""
+    from yatt.config import MegatronConfig, TrainerConfig
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    trainer = MegatronTrainer(folder, TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=2)),
+                              world, trainable=False)
+    trainer.logprobs(batch)  # the same rows: fine
+    try:
+        trainer.logprobs(batch.select([world.rank]))
+    except RuntimeError as err:
+        return str(err)
+    return "no error"
+
+
+def data_world_body(world, tp: int, pp: int) -> dict:
+    """Every World op on the data-parallel view of a TP x PP split world."""
+    from yatt.distributed import data_parallel_world
+
+    view = data_parallel_world(world, tp, pp)
+    out = {"rank": view.rank, "size": view.size, "members": view.members}
+    out["sum"] = view.sum([float(view.rank + 1), 1.0])
+    out["max"] = view.max([float(world.rank)])
+    out["gathered"] = [t.tolist() for t in view.all_gather(torch.full((view.rank + 1, 2), float(world.rank)))]
+    out["broadcast"] = view.broadcast_object(("from", world.rank))
+    peer = 1 - view.rank if view.size == 2 else None
+    if peer is not None:
+        got = torch.zeros(3)
+        view.exchange({peer: [torch.full((3,), float(world.rank))]}, {peer: [got]})
+        out["exchanged"] = got.tolist()
+    view.barrier()
+    return out

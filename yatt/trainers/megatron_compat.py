@@ -1,0 +1,143 @@
+"""What megatron-core 0.16 needs to run on CPU over gloo: every patch in one place, each applied only on CPU.
+
+megatron-core is written for CUDA: it allocates its runtime buffers on `torch.cuda.current_device()` or on a
+literal `device="cuda"`, and keeps its dropout RNG streams as CUDA generator states. The model math itself
+(linear layers, RMSNorm, rotary embeddings, the local `DotProductAttention`) and its collectives
+(torch.distributed, which gloo serves on CPU) are device-agnostic. So four redirections are enough for a
+GPTModel with tensor, pipeline and data parallelism, megatron's DDP, its distributed optimizer and its pipeline
+schedules:
+
+1. `torch.cuda.current_device()` -> the CPU device. megatron asks it where to put the tensors it allocates
+   at run time (the global memory buffer, rotary `inv_freq` moved "to the GPU" on the first forward, the
+   receive buffers of tensor-parallel gathers and pipeline p2p, DDP's contiguous gradient buffers, the
+   distributed optimizer's shards). On a machine without CUDA the real function raises, so no working code
+   path depends on it; returning the CPU device keeps each of those tensors where the model lives.
+2. The CUDA RNG state tracker -> one that keeps CPU generator states. megatron forks a named RNG stream around
+   dropout and initialisation (`get_cuda_rng_tracker().fork()`); its tracker reads and writes CUDA generator
+   states (`torch.cuda.get_rng_state`, `torch.cuda.default_generators`), which do not exist on CPU. The CPU
+   tracker does the same bookkeeping with `torch.get_rng_state`/`set_rng_state`, so a forked region draws from
+   its own stream and leaves the default one as it was, as on GPU.
+3. `torch.cuda.synchronize()` -> nothing. megatron waits for the GPU between exchanging tensor shapes and
+   tensors in pipeline p2p (variable sequence lengths); CPU ops and gloo's are already complete when they
+   return, so there is nothing to wait for, and the real function raises without CUDA.
+4. `device="cuda"` literals and `Tensor.cuda()` -> the CPU, inside `on_cpu()` only. megatron writes small
+   bookkeeping tensors straight to "cuda" (the default causal mask, the grad-norm and found-inf scalars of
+   the optimizer and `clip_grads`, the token counter of the pipeline schedules) and moves the tied output
+   weight of the last pipeline stage with `.cuda()` before all-reducing it with the first stage's copy.
+   Likewise megatron's optimizers sort parameters by `param.type()` against the CUDA type names
+   ("torch.cuda.FloatTensor", "torch.cuda.BFloat16Tensor"), so inside `on_cpu()` a CPU tensor's `.type()`
+   answers with the CUDA name of the same dtype.
+   A `TorchFunctionMode` sees every torch call's arguments before they run, so it can rewrite exactly those
+   device arguments; it is scoped to `on_cpu()`, which the megatron trainer enters around its own calls
+   into megatron, so no other code in the process is touched. (Autograd keeps the mode for backward.)
+
+`apply()` is idempotent and does nothing when CUDA is available (megatron then runs unpatched); so is
+`on_cpu()`, which is then a null context.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_APPLIED = False
+
+
+class CpuRNGStatesTracker:
+    """megatron's `CudaRNGStatesTracker` contract (add / fork / get_states / set_states / reset) over the CPU
+    generator: each named stream is a saved `torch.get_rng_state()`."""
+
+    def __init__(self, *args, **kwargs):
+        self.reset()
+
+    def reset(self) -> None:
+        self._is_initialized = False
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+
+    def is_initialized(self) -> bool:
+        return self._is_initialized
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return dict(self.states_)
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self._is_initialized = True
+        self.states_ = states
+
+    def add(self, name: str, seed: int) -> None:
+        self._is_initialized = True
+        if seed in self.seeds_ or name in self.states_:
+            raise ValueError(f"rng stream {name} (seed {seed}) already exists")
+        self.seeds_.add(seed)
+        saved = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(saved)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        if name not in self.states_:
+            raise KeyError(f"rng stream {name} was never added")
+        saved = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return isinstance(device, str) and device.startswith("cuda")
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Patch 4: `device=` arguments naming CUDA become the CPU; `.cuda()` and `.to("cuda")` stay on the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs and args[0].device.type == "cpu":
+            return func(*args).replace("torch.", "torch.cuda.", 1)
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+            kwargs.pop("pin_memory", None)  # pinning needs CUDA; a CPU tensor does not need it
+        if func is torch.Tensor.to:
+            args = tuple("cpu" if _is_cuda(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
+def on_cpu() -> contextlib.AbstractContextManager:
+    """The context every call into megatron runs in: patch 4 on a CPU machine, nothing on a CUDA one."""
+    return contextlib.nullcontext() if torch.cuda.is_available() else _CudaToCpu()
+
+
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
+def _cpu_device() -> torch.device:
+    return torch.device("cpu")
+
+
+def apply() -> None:
+    """Patch megatron-core for CPU (see the module docstring); a no-op on CUDA machines and when done."""
+    global _APPLIED
+    if _APPLIED or torch.cuda.is_available():
+        return
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    torch.cuda.current_device = _cpu_device  # patch 1
+    torch.cuda.synchronize = _nothing  # patch 3
+    mcore_random.CudaRNGStatesTracker = CpuRNGStatesTracker  # patch 2: what initialize_rng_tracker builds
+    mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _APPLIED = True

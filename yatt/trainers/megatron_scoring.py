@@ -1,0 +1,85 @@
+"""Per-token log-probs and entropies from a megatron-core GPTModel whose vocabulary is split over TP ranks.
+
+With tensor parallelism each rank holds the logits of its slice of the vocabulary only, so the softmax
+statistics are reduced across the tensor-parallel group: the max (no gradient: log-softmax does not depend
+on it), the sum of exponentials, the target token's logit (held by exactly one rank) and, for the entropy,
+sum p * logit. The reductions are megatron's `reduce_from_tensor_model_parallel_region` (all-reduce forward,
+identity backward): the loss is the same on every TP rank, so each rank's logits get exactly their own part
+of the gradient. (megatron's `vocab_parallel_cross_entropy` gives -log p only and overwrites its input.)
+
+Only the positions whose next token is scored reach the output layer ([M, 1, H] instead of [L, B, H]), and
+the logits columns past the real vocabulary (padding to a multiple of TP) are masked out.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+
+def vocab_parallel_scores(logits: Tensor, targets: Tensor, vocab_start: int, vocab_size: int,
+                          with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """logits [M, V/TP] (this rank's columns, starting at global id vocab_start), targets [M] global ids ->
+    log softmax(logits)[targets] [M] and the entropy [M] (or None), over the full real vocabulary."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region as reduce
+
+    logits = logits.float()
+    width = logits.shape[-1]
+    valid = torch.arange(vocab_start, vocab_start + width, device=logits.device) < vocab_size
+    logits = logits.masked_fill(~valid, float("-inf"))
+    top = logits.detach().max(dim=-1).values
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
+    shifted = logits - top[:, None]
+    exp = shifted.exp()
+    total = reduce(exp.sum(dim=-1))
+    local = targets - vocab_start
+    mine = (local >= 0) & (local < width)
+    picked = shifted.gather(1, local.clamp(0, width - 1)[:, None])[:, 0]
+    target = reduce(torch.where(mine, picked, torch.zeros_like(picked)))
+    log_total = total.log()
+    logp = target - log_total
+    if not with_entropy:
+        return logp, None
+    weighted = reduce(torch.where(valid, exp * shifted, torch.zeros_like(exp)).sum(dim=-1))
+    return logp, log_total - weighted / total
+
+
+class MegatronScorer(nn.Module):
+    """GPTModel seen as (input ids, scored positions) -> per-token log-probs (and entropies) [M].
+
+    The GPTModel is the attribute `module`, so megatron's helpers that look for model attributes through
+    wrappers (`get_attr_wrapped_model`: set_input_tensor, pre_process, shared_embedding_or_output_weight)
+    find it under this wrapper as under their own DDP. On a pipeline stage other than the last, forward
+    returns the stage's hidden states [L, B, H] for the next stage.
+    """
+
+    def __init__(self, gpt: nn.Module, vocab_size: int):
+        super().__init__()
+        self.module, self.vocab_size = gpt, vocab_size
+
+    def forward(self, input_ids: Tensor, select: Tensor, targets: Tensor, temperature: float,
+                with_entropy: bool) -> Tensor | tuple[Tensor, Tensor | None]:
+        from megatron.core import parallel_state as ps
+
+        gpt = self.module
+        width = input_ids.shape[1]
+        positions = torch.arange(width, device=input_ids.device).expand_as(input_ids)
+        # right-padded rows: causal attention alone keeps real tokens from seeing the padding after them
+        mask = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
+        decoder_input, rotary, cos, sin, offset = gpt._preprocess(input_ids=input_ids, position_ids=positions)[:5]
+        hidden = gpt.decoder(hidden_states=decoder_input, attention_mask=mask, rotary_pos_emb=rotary,
+                             rotary_pos_cos=cos, rotary_pos_sin=sin, sequence_len_offset=offset)
+        if not gpt.post_process:
+            return hidden
+        # [L, B, H] -> the scored rows (row-major over [B, L], as yatt.trainers.packing numbers them)
+        hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1]).index_select(0, select)
+        weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
+        logits, _ = gpt.output_layer(hidden[:, None], weight=weight)
+        logits = logits[:, 0]
+        if temperature != 1.0:
+            logits = logits / temperature
+        start = ps.get_tensor_model_parallel_rank() * logits.shape[-1]
+        return vocab_parallel_scores(logits, targets, start, self.vocab_size, with_entropy)

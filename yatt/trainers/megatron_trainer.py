@@ -1,0 +1,379 @@
+"""The `megatron` training backend: a megatron-core GPTModel split by tensor and pipeline parallelism, with
+megatron's DDP, distributed optimizer and pipeline schedules.
+
+Implements `yatt.trainers.base.Trainer`. The world is split as megatron does (`initialize_model_parallel`):
+TP x PP ranks hold one copy of the model between them, data parallel = world / (TP x PP). Each rank holds
+its shard only (`replicated = False`): its layers' slices, and its 1/DP of the optimizer state. The ranks of
+one TP/PP group must be handed the same batch; data-parallel ranks different ones.
+
+The loss contract is the torch backend's: loss_fn is normalised by global denominators, micro-batch losses
+are summed and gradients averaged over data-parallel ranks. Log-probs come from a vocabulary-parallel
+reduction (`yatt.trainers.megatron_scoring`), never from gathered full-vocabulary logits. Micro-batches are
+right-padded rows (megatron's packed-sequence attention needs Transformer Engine); `pack_sequences`,
+`logprob_chunk_tokens`, `activation_checkpointing` and `autocast` are torch-backend settings.
+
+bfloat16: the model's weights and gradients are bfloat16, and megatron's optimizer keeps float32 master
+weights and Adam state (sharded over DP), as megatron always does for half-precision training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file
+from torch import Tensor
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from yatt.balance.packing import micro_batch_rows
+from yatt.config import TrainerConfig
+from yatt.distributed import World
+from yatt.engines.base import DTYPES, NamedTensors
+from yatt.trainers import megatron_compat as compat
+from yatt.trainers import megatron_model as mm
+from yatt.models.vision import is_vision_model
+from yatt.trainers.base import LossFn
+from yatt.trainers.batch import TokenBatch
+from yatt.trainers.megatron_scoring import MegatronScorer
+from yatt.trainers.megatron_weights import gathered_buckets
+from yatt.trainers.packing import model_inputs
+from yatt.trainers.torch_trainer import lr_factor
+
+
+def init_model_parallel(tp: int, pp: int) -> None:
+    """megatron's process groups over the torchrun world (once per process; policy and reference share them)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if ps.model_parallel_is_initialized():
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise ValueError(f"megatron is already split as TP={have[0]} PP={have[1]}, not TP={tp} PP={pp}")
+        return
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    model_parallel_cuda_manual_seed(1234)  # dropout streams (dropout is off; megatron still forks them)
+
+
+def read_hf_weights(folder: Path) -> dict[str, Tensor]:
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors weights")
+    return {k: v for f in files for k, v in load_file(str(f)).items()}
+
+
+class MegatronTrainer:
+    replicated = False
+
+    def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
+                 total_steps: int = 1, head: str = "lm", freeze_vision: bool = False):
+        if head != "lm":
+            raise ValueError(f"trainer.backend=megatron has no {head!r} head (PPO's critic needs trainer.backend=torch)")
+        if freeze_vision or is_vision_model(model_path):
+            raise ValueError(f"{model_path}: trainer.backend=megatron serves text models only")
+        self.head = head
+        if not dist.is_initialized():
+            raise RuntimeError("trainer.backend=megatron runs under torchrun (it needs a process group)")
+        compat.apply()
+        from megatron.core import parallel_state as ps
+
+        self.cfg, self.world, self.trainable, self.total_steps = cfg, world, trainable, total_steps
+        self.tp, self.pp = cfg.megatron.tensor_parallel, cfg.megatron.pipeline_parallel
+        self._hf_config = AutoConfig.from_pretrained(str(model_path))
+        self.dtype = DTYPES[cfg.dtype]
+        self.optimizer = None
+        self.optimizer_steps = 0
+        with compat.on_cpu():
+            init_model_parallel(self.tp, self.pp)
+            self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+            self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+            # the controller shards data by yatt.distributed.data_parallel_world, which assumes this order
+            if self.dp_rank != (world.rank // self.tp) % self.dp_size:
+                raise RuntimeError(f"megatron placed rank {world.rank} at data-parallel rank {self.dp_rank}, not "
+                                   f"{(world.rank // self.tp) % self.dp_size} as yatt's data view assumes")
+            self.gpt = mm.build_gpt(self._hf_config, self.tp, self.pp, self.pp_rank, self.dtype)
+            tied_output = self._hf_config.tie_word_embeddings and self.pp > 1 and self.pp_rank == self.pp - 1
+            state = mm.local_state_from_hf(read_hf_weights(Path(model_path)), self._hf_config, self.tp,
+                                           self.tp_rank, self.pp, self.pp_rank, tied_output)
+            self.gpt.load_state_dict({k: v.to(self.dtype) for k, v in state.items()}, strict=False)
+            self._check_loaded(state)
+            # megatron's parallel linears take params_dtype, its norms (torch RMSNorm) do not: cast the rest
+            # as megatron's Float16Module would
+            self.gpt.to(world.device, self.dtype)
+            self.scorer = MegatronScorer(self.gpt, self._hf_config.vocab_size)
+            self.model: torch.nn.Module = self.scorer
+            if trainable:
+                self._build_optimizer()
+            else:
+                self.gpt.eval().requires_grad_(False)
+
+    def _check_loaded(self, state: dict[str, Tensor]) -> None:
+        params = {k for k, _ in self.gpt.named_parameters()}
+        if params != set(state):
+            raise ValueError(f"HF -> megatron mapping mismatch: missing {sorted(params - set(state))[:4]}, "
+                             f"unexpected {sorted(set(state) - params)[:4]}")
+
+    def _build_optimizer(self) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        cfg, config = self.cfg, self.gpt.config
+        self.gpt.train()
+        self.model = DistributedDataParallel(config, DistributedDataParallelConfig(
+            overlap_grad_reduce=False, use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.scorer)
+        # without these the data-parallel gradient all-reduce never runs (finalize) or runs every micro-batch
+        config.finalize_model_grads_func = finalize_model_grads
+        config.no_sync_func = self.model.no_sync
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=cfg.lr, min_lr=0.0, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
+            adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.grad_clip, bf16=self.dtype == torch.bfloat16,
+            params_dtype=self.dtype, use_distributed_optimizer=True), [self.model])
+        self._set_lr(0)
+
+    def _set_lr(self, step: int) -> float:
+        """The torch backend's schedule; weight decay on every tensor as torch's AdamW (megatron's default
+        groups exempt biases and norms)."""
+        lr = self.cfg.lr * lr_factor(step, self.cfg, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = lr, self.cfg.weight_decay
+        return lr
+
+    # ---- forward / backward ------------------------------------------------------------------------------
+    def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
+        return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens, padded=True)
+
+    def _schedule(self, batch: TokenBatch, micro: list[list[int]], count: int, with_entropy: bool,
+                  loss_fn: LossFn | None) -> tuple[list[tuple[list[int], Tensor, Tensor | None]], dict[str, float]]:
+        """Run `count` micro-batches (those past len(micro) are zero-loss passes that keep data-parallel ranks
+        in step) through megatron's schedule; forward-only without loss_fn. Returns, on the last pipeline
+        stage, (rows, logp [b, l-1], entropy) per real micro-batch and the loss_fn sums."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        outputs: list[tuple[list[int], Tensor, Tensor | None]] = []
+        sums: dict[str, float] = {}
+        dummy = TokenBatch.from_sequences([[0]], [[0]], pad_id=0)
+
+        def step(iterator, model):
+            i = next(iterator)
+            rows = micro[i] if i < len(micro) else None
+            mb = (batch.select(rows) if rows is not None else dummy).to(self.world.device)
+            inputs = model_inputs(mb, packed=False)
+            out = model(mb.input_ids, inputs.select, inputs.targets, mb.temperature, with_entropy)
+
+            def loss_func(scores):
+                logp, ent = scores
+
+                def place(values: Tensor) -> Tensor:
+                    return mb.mask.new_zeros(mb.mask.shape).index_put((inputs.rows, inputs.cols), values)
+
+                logp, ent = place(logp), place(ent) if with_entropy else None
+                if loss_fn is None:
+                    if rows is not None:
+                        outputs.append((rows, logp.detach(), ent.detach() if with_entropy else None))
+                    return logp.sum() * 0.0, {}
+                if rows is None:
+                    return logp.sum() * 0.0, {}
+                loss, stats = loss_fn(logp, ent, mb)
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                # the schedule divides each micro-batch's loss by their count; yatt's losses are already
+                # normalised by global denominators and summed over micro-batches
+                return loss * count, {}
+
+            return out, loss_func
+
+        width = max((len(batch.select(r).input_ids[0]) for r in micro), default=2)
+        with compat.on_cpu():
+            get_forward_backward_func()(
+                forward_step_func=step, data_iterator=iter(range(count)), model=[self.model],
+                num_microbatches=count, seq_length=width, micro_batch_size=max(map(len, micro), default=1),
+                forward_only=loss_fn is None)
+        return outputs, sums
+
+    def _from_last_stage(self, obj: Any) -> Any:
+        """The last pipeline stage's object on every stage of this pipeline."""
+        if self.pp == 1:
+            return obj
+        from megatron.core import parallel_state as ps
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
+                                   group=ps.get_pipeline_model_parallel_group(), device=self.world.device)
+        return box[0]
+
+    def _check_same_batch(self, batch: TokenBatch) -> None:
+        """The ranks of one model-parallel (TP x PP) group must compute on the same samples; a mismatch would
+        silently mix different sequences inside one forward. A fingerprint of the batch, compared by min and
+        max over the group, catches it."""
+        if self.tp * self.pp == 1:
+            return
+        from megatron.core import parallel_state as ps
+
+        ids = batch.input_ids.double()
+        weights = torch.arange(1, ids.numel() + 1, dtype=torch.float64).reshape(ids.shape)
+        # on the device: megatron's groups are NCCL-only on GPUs
+        fingerprint = torch.tensor([float(ids.shape[0]), float(ids.shape[1]), float((ids * weights).sum()),
+                                    float(batch.mask.sum()), batch.temperature], dtype=torch.float64,
+                                   device=self.world.device)
+        low, high = fingerprint.clone(), fingerprint.clone()
+        group = ps.get_model_parallel_group()
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
+        if not torch.equal(low, high):
+            raise RuntimeError("the ranks of one tensor/pipeline-parallel group were handed different batches; "
+                               "they must train on the same samples (one data-parallel rank's)")
+
+    def _count(self, micro: list[list[int]]) -> int:
+        return max(1, int(self.world.max([float(len(micro))])[0]))
+
+    def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        self._check_same_batch(batch)
+        micro = self.micro_batches(batch)
+        with torch.no_grad():
+            outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None)
+        logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
+        for rows, logp, ent in self._from_last_stage([(r, lp.cpu(), e if e is None else e.cpu())
+                                                      for r, lp, e in outputs]):
+            index, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
+            logps[index, width] = logp
+            if with_entropy:
+                ents[index, width] = ent
+        return logps, ents
+
+    def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
+        assert self.trainable, "a frozen model cannot be trained"
+        self._check_same_batch(batch)
+        micro = self.micro_batches(batch)
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        _, sums = self._schedule(batch, micro, self._count(micro), with_entropy, loss_fn)
+        sums = self._from_last_stage(sums)
+        with compat.on_cpu():
+            grad_norm = self._clip_and_step()
+        self.optimizer_steps += 1
+        lr = self._set_lr(self.optimizer_steps)
+        return {**sums, "grad_norm": grad_norm, "lr": lr, "skipped": float(not math.isfinite(grad_norm))}
+
+    @torch.no_grad()
+    def _clip_and_step(self) -> float:
+        """megatron's optimizer step (ChainedOptimizer.step), except that a non-finite gradient norm skips the
+        update as in the torch backend. The norm is over the whole model (all TP/PP shards, once each)."""
+        from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+        self.optimizer.prepare_grads()
+        grad_norm = float(self.optimizer.get_grad_norm())
+        if not math.isfinite(grad_norm):
+            return grad_norm
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            if opt.get_parameters():
+                clip_grad_by_total_norm_fp32(opt.get_parameters(), max_norm=self.cfg.grad_clip, total_norm=grad_norm)
+        self.optimizer.step_with_ready_grads()
+        return grad_norm
+
+    # ---- weights out -------------------------------------------------------------------------------------
+    def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
+        """Collective over the model-parallel group: every rank gets the whole policy, one bucket at a time."""
+        return gathered_buckets(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes,
+                                self.world.device)
+
+    @property
+    def hf_config(self) -> Any:
+        return self._hf_config
+
+    def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
+        """Collective (every rank calls it): the shards gathered into one HF folder, written by rank 0."""
+        weights = {k: v for bucket in self.engine_weights(1 << 30) for k, v in bucket}
+        if not self.world.is_main:
+            return
+        model = AutoModelForCausalLM.from_config(self._hf_config, dtype=self.dtype)
+        model.load_state_dict(weights, strict=False)
+        model.save_pretrained(str(folder))
+        tokenizer.save_pretrained(str(folder))
+
+    # ---- checkpoint state --------------------------------------------------------------------------------
+    def _optimizers(self) -> list:
+        return getattr(self.optimizer, "chained_optimizers", [self.optimizer]) if self.optimizer else []
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard: its megatron parameters, and per optimizer its Adam state and float32 master
+        weights (its 1/DP slice), the lr schedule's position."""
+        state: dict[str, Any] = {"model": {k: p.detach() for k, p in self.gpt.named_parameters()},
+                                 "optimizer_steps": self.optimizer_steps,
+                                 "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp_size}}
+        if self.trainable:
+            state["optimizer"] = [{"inner": opt.optimizer.state_dict(), "main": [
+                p.detach() for group in getattr(opt, "shard_fp32_from_float16_groups", []) for p in group]}
+                for opt in self._optimizers()]
+        return state
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        want = {"tp": self.tp, "pp": self.pp, "dp": self.dp_size}
+        if state["parallel"] != want:
+            raise ValueError(f"checkpoint shard was saved as {state['parallel']}, this run is split as {want}")
+        params = dict(self.gpt.named_parameters())
+        if set(params) != set(state["model"]):
+            raise ValueError("checkpoint shard does not fit this model")
+        for name, p in params.items():
+            p.copy_(state["model"][name])
+        self.optimizer_steps = state["optimizer_steps"]
+        if self.trainable:
+            for opt, saved in zip(self._optimizers(), state["optimizer"]):
+                opt.optimizer.load_state_dict(saved["inner"])
+                mains = [p for group in getattr(opt, "shard_fp32_from_float16_groups", []) for p in group]
+                for p, t in zip(mains, saved["main"]):
+                    p.copy_(t)
+            self._set_lr(self.optimizer_steps)
+
+    def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
+        """HF weights from one rank's snapshot: only possible when that shard is the whole model (TP=PP=1);
+        a split model is exported with the collective save_hf."""
+        if self.tp * self.pp != 1:
+            raise ValueError("checkpoint.export_hf needs the whole model in one shard (TP=PP=1); "
+                             "a split model is exported by save_hf")
+        model = state["model"]
+        layers = [(i, {k.split(".", 3)[3]: v for k, v in model.items() if k.startswith(f"decoder.layers.{i}.")})
+                  for i in range(self._hf_config.num_hidden_layers)]
+        return mm.hf_from_full_mcore(layers, model, self._hf_config)
+
+    # ---- device ownership --------------------------------------------------------------------------------
+    def _state_bytes(self) -> int:
+        tensors = [p for p in self.gpt.parameters()]
+        for opt in self._optimizers():
+            tensors += [t for s in opt.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+            tensors += [p for group in getattr(opt, "shard_fp32_from_float16_groups", []) for p in group]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def _move_optimizer_state(self, device: torch.device) -> int:
+        moved = 0
+        for opt in self._optimizers():
+            for s in opt.optimizer.state.values():
+                for k, v in s.items():
+                    if torch.is_tensor(v) and k != "step":
+                        s[k] = v.to(device, non_blocking=True)
+                        moved += v.numel() * v.element_size()
+        return moved
+
+    def offload(self) -> dict[str, Any]:
+        """Hand the device to another role. On CPU nothing moves (the report says what this rank's shard
+        holds). On GPU megatron DDP frees its gradient buffers and the Adam state goes to host memory; the
+        weights stay (they are views into DDP's parameter buffer, which the distributed optimizer updates)."""
+        nbytes = self._state_bytes()
+        if self.world.device.type == "cpu":
+            return {"moved_bytes": 0, "resident_bytes": nbytes, "freed_bytes": 0}
+        before = torch.cuda.memory_allocated(self.world.device)
+        moved = self._move_optimizer_state(torch.device("cpu")) if self.trainable else 0
+        if self.trainable:
+            self.model.offload_grad_buffers(synchronize=True, empty_cache=True)
+        torch.cuda.empty_cache()
+        return {"moved_bytes": moved, "freed_bytes": before - torch.cuda.memory_allocated(self.world.device)}
+
+    def onload(self) -> dict[str, Any]:
+        if self.world.device.type == "cpu" or not self.trainable:
+            return {"moved_bytes": 0}
+        self.model.restore_grad_buffers(synchronize=True)
+        return {"moved_bytes": self._move_optimizer_state(self.world.device)}

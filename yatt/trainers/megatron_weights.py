@@ -1,0 +1,88 @@
+"""The policy's weights out of a megatron-core model split over TP ranks and PP stages, under Hugging Face
+names, in buckets that never split a decoder layer (engines reload fused q/k/v and gate/up modules whole).
+
+Unit by unit (the embedding / final norm / head, then each decoder layer): the stage that holds the unit
+all-gathers its TP shards into full tensors, maps them to HF names, and (PP > 1) broadcasts them to the other
+stages, so every rank ends with every unit while holding at most one bucket of gathered weights beyond its
+own shard. Across stages the units travel as pickled objects (on `device`: megatron's groups are NCCL-only
+on GPUs); tensor broadcasts of known shapes would avoid the pickling on large models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from yatt.engines.base import NamedTensors
+from yatt.trainers import megatron_model as mm
+
+_EXTRAS = ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight")
+
+
+def tp_gather(name: str, t: Tensor, tp: int) -> Tensor:
+    """The full tensor of megatron parameter `name` from this rank's shard (a collective over TP)."""
+    from megatron.core import parallel_state as ps
+
+    if tp == 1 or mm.tp_dim(name) is None:
+        return t.detach()
+    shards = [torch.empty_like(t) for _ in range(tp)]
+    dist.all_gather(shards, t.detach().contiguous(), group=ps.get_tensor_model_parallel_group())
+    return mm.unshard(name, shards)
+
+
+def _units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int
+           ) -> Iterator[tuple[int, int, dict[str, Tensor] | None]]:
+    """(owner stage, global layer, full megatron tensors or None if another stage owns them): the
+    embedding, final norm and head first (owner and layer -1: every stage holds some), then each layer."""
+    params = dict(gpt.named_parameters())
+    yield -1, -1, {name: tp_gather(name, params[name], tp) for name in _EXTRAS if name in params
+                   and not (name == "output_layer.weight" and hf.tie_word_embeddings)}
+    for layer in range(hf.num_hidden_layers):
+        owner = mm.layer_owner(hf, pp, layer)
+        if owner != pp_rank:
+            yield owner, layer, None
+            continue
+        prefix = f"decoder.layers.{layer - mm.stage_layers(hf, pp, owner).start}."
+        yield owner, layer, {k[len(prefix):]: tp_gather(k, p, tp) for k, p in params.items() if k.startswith(prefix)}
+
+
+def hf_units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, device: torch.device
+             ) -> Iterator[dict[str, Tensor]]:
+    """The policy as HF tensors, one unit at a time, on every rank of the model-parallel group."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_pipeline_model_parallel_group() if pp > 1 else None
+    ranks = dist.get_process_group_ranks(group) if pp > 1 else None
+    for owner, layer, tensors in _units(gpt, hf, tp, pp, pp_rank):
+        if owner == -1:  # every stage holds some of the extras: each contributes its own
+            parts = [tensors]
+            if pp > 1:
+                parts = [None] * pp
+                dist.all_gather_object(parts, {k: v.cpu() for k, v in tensors.items()}, group=group)
+            yield mm.mcore_extras_to_hf({k: v for part in parts for k, v in part.items()}, hf)
+            continue
+        if pp > 1:
+            box = [None if tensors is None else {k: v.cpu() for k, v in tensors.items()}]
+            dist.broadcast_object_list(box, src=ranks[owner], group=group, device=device)
+            tensors = box[0]
+        yield {f"model.layers.{layer}.{k}": v for k, v in mm.mcore_layer_to_hf(tensors, hf).items()}
+
+
+def gathered_buckets(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, bucket_bytes: int,
+                     device: torch.device) -> Iterator[NamedTensors]:
+    """Buckets of about `bucket_bytes` of whole units (a unit larger than that is a bucket alone)."""
+    bucket: NamedTensors = []
+    size = 0
+    for unit in hf_units(gpt, hf, tp, pp, pp_rank, device):
+        n = sum(t.numel() * t.element_size() for t in unit.values())
+        if bucket and size + n > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.extend(unit.items())
+        size += n
+    if bucket:
+        yield bucket
