@@ -62,3 +62,25 @@ def torchrun(config: Path, *args: str, cwd: Path, timeout: int = 900,
              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(torchrun_args(config, *args), capture_output=True, text=True, timeout=timeout,
                           env={**env(), **(extra_env or {})}, cwd=cwd)
+
+
+# the vocabulary of a policy that a tiny judge reads ("...?yes"/"no") and the judge's own shape
+JUDGE_TINY = TinyModelConfig(alphabet="0123456789+=:?yesno", hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+
+
+def genrm_reward(tmp: Path, engine: str) -> str:
+    """The reward section of a run judged by a random tiny judge (written to tmp/judge, seed 4) mixed with the
+    rule. Its verdicts are mostly unreadable, which exercises the fallback; the rule part keeps a learning
+    signal. `engine`: the judge's engine section as YAML flow, e.g. "{backend: hf}"."""
+    judge = write_tiny_model(tmp / "judge", JUDGE_TINY.model_copy(update={"max_position_embeddings": 32}), seed=4)
+    return f"""reward:
+  kind: genrm_with_rule
+  judges:
+    - name: j
+      model: {judge}
+      template: "{{question}}{{reference}}:{{response}}?"
+      max_tokens: 3
+      unparseable_score: 0.5
+      engine: {engine}
+"""

@@ -10,13 +10,10 @@ import subprocess
 
 import pytest
 
-from e2e import env, experiment, torchrun_args
-from yatt.models.tiny import TinyModelConfig, write_tiny_model
+from e2e import JUDGE_TINY, genrm_reward, env, experiment, torchrun_args
 
 pytestmark = pytest.mark.engine
 ADDRESS = "10.77.0.1"
-TINY = dict(alphabet="0123456789+=:?yesno", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=1)
 
 
 def namespace_available() -> bool:
@@ -27,21 +24,11 @@ def namespace_available() -> bool:
 
 @pytest.mark.skipif(not namespace_available(), reason="needs root, unshare and ip for a private network namespace")
 def test_partial_placement_over_a_non_loopback_address(tmp_path):
-    judge = write_tiny_model(tmp_path / "judge", TinyModelConfig(**TINY, max_position_embeddings=32), seed=4)
     config = experiment(tmp_path, f"""
 rollout: {{group_size: 8, max_new_tokens: 2, engine: {{backend: hf, bind: 0.0.0.0}}}}
-reward:
-  kind: genrm_with_rule
-  judges:
-    - name: j
-      model: {judge}
-      template: "{{question}}{{reference}}:{{response}}?"
-      max_tokens: 3
-      unparseable_score: 0.5
-      engine: {{backend: hf, bind: 0.0.0.0}}
-trainer: {{lr: 0.01, micro_batch_size: 32}}
+{genrm_reward(tmp_path, '{backend: hf, bind: 0.0.0.0}')}trainer: {{lr: 0.01, micro_batch_size: 32}}
 run: {{name: bind, output_dir: {tmp_path / 'runs'}, steps: 1, eval_every: 0}}
-""", model=TinyModelConfig(**TINY), name="bind.yaml")
+""", model=JUDGE_TINY, name="bind.yaml")
     args = torchrun_args(config, "--placement", "partial")
     args[3:3] = ["--master_addr", ADDRESS, "--master_port", "29531"]  # after "-m torch.distributed.run"
     script = f"ip link set lo up && ip addr add {ADDRESS}/24 dev lo && exec {shlex.join(args)}"

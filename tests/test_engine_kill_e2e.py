@@ -13,12 +13,9 @@ import os
 import pytest
 from safetensors.torch import load_file
 
-from e2e import REPO, experiment, torchrun
-from yatt.models.tiny import TinyModelConfig, write_tiny_model
+from e2e import JUDGE_TINY, genrm_reward, REPO, experiment, torchrun
 
 pytestmark = pytest.mark.engine
-TINY = dict(alphabet="0123456789+=:?yesno", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=1)
 KILLS = ["generate@1", "judge@2", "train@3", "sync@4", "eval@2"]
 # what an engine restart may change: timings, throughput, restart/re-route counters, idle fractions
 VOLATILE = ("elapsed_s", "time/", "perf/", "load/", "device", "placement/switch_s", "placement/idle_frac",
@@ -28,22 +25,12 @@ VOLATILE = ("elapsed_s", "time/", "perf/", "load/", "device", "placement/switch_
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kill")
-    judge = write_tiny_model(tmp / "judge", TinyModelConfig(**TINY, max_position_embeddings=32), seed=4)
     config = experiment(tmp, f"""
 rollout: {{group_size: 8, max_new_tokens: 2, engine: {{backend: hf}}}}
-reward:
-  kind: genrm_with_rule
-  judges:
-    - name: j
-      model: {judge}
-      template: "{{question}}{{reference}}:{{response}}?"
-      max_tokens: 3
-      unparseable_score: 0.5
-      engine: {{backend: hf}}
-algorithm: {{mini_batches: 2}}
+{genrm_reward(tmp, '{backend: hf}')}algorithm: {{mini_batches: 2}}
 trainer: {{lr: 0.01, micro_batch_size: 32}}
 run: {{output_dir: {tmp / 'runs'}, steps: 4, eval_every: 2}}
-""", model=TinyModelConfig(**TINY), name="kill.yaml")
+""", model=JUDGE_TINY, name="kill.yaml")
     log = tmp / "kills.log"
     faults = {"YATT_TEST_KILL": ",".join(KILLS), "YATT_TEST_KILL_LOG": str(log),
               "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "faults"), str(REPO)])}
