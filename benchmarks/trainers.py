@@ -14,9 +14,10 @@ registry as a run does (`yatt.trainers.TRAINERS[trainer.backend](model, TrainerC
 default trainer settings and lr 1e-5: `torch` (DDP: each rank the whole model and AdamW state, half the
 samples), `megatron TP=2` (every layer and the vocabulary split over the 2 ranks; one data-parallel rank),
 `megatron PP=2` (half the layers per stage, the first stage with the embedding, the last with a copy of it as
-the tied output head; one data-parallel rank). Each step trains the same global batch of --samples samples (seed 1000: prompts of 32-96
-tokens, responses of 64-128, random advantages), split by data-parallel rank, so torch's ranks take 16 each and
-the megatron ranks all 32 (a TP/PP group trains on one data-parallel rank's samples).
+the tied output head; one data-parallel rank). Each step trains the same global batch of --samples samples
+(seed 1000: prompts of 32-96 tokens, responses of 64-128, random advantages), split by data-parallel rank, so
+torch's ranks take 16 each and the megatron ranks all 32 (a TP/PP group trains on one data-parallel rank's
+samples).
 
 Per variant:
 - step time: a log-prob pass (the old log-probs) + one optimizer step with the PPO-clip objective, which is
@@ -223,8 +224,8 @@ def main() -> int:
         parser.error("TP=2 and PP=2 need --heads, --kv-heads and --layers divisible by 2")
     if args.steps < 1:
         parser.error("--steps: at least one timed step")
-    results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in ("worker", "model", "trainer",
-                                                                                     "result")} | {"out": str(args.out)}}
+    hidden = ("worker", "model", "trainer", "result")  # the worker's flags
+    results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in hidden} | {"out": str(args.out)}}
     with tempfile.TemporaryDirectory(prefix="yatt-trainers-") as tmp:
         work = Path(tmp)
         results["params"] = write_model(work / "model", args)
