@@ -17,7 +17,9 @@ there; numpy and packaging are its only other needs), either as
   `pip install --no-deps wheels/megatron_core-0.16.1-*.whl`; or
 - a plain folder on PYTHONPATH (nothing installed there; the child ranks inherit PYTHONPATH):
   `pip install --no-deps --target vendor megatron-core==0.16.1` (about 17 MB), carry `vendor/`, and run
-  `PYTHONPATH=vendor python scripts/gpu_check_megatron.py`.
+  `PYTHONPATH=vendor python scripts/gpu_check_megatron.py`. The modules yatt imports are pure Python (the
+  wheel's one compiled module, megatron's dataset helpers, is never imported), so this way does not tie the
+  GPU machine to Python 3.11.
 
 Without a GPU it runs on the CPU in float32 (megatron patched for CPU/gloo by yatt.trainers.megatron_compat),
 with the GPU-only checks (offload frees memory, NCCL) reported as skipped and the engine/trainer agreement
