@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from harness import add_worker_args, rank_result, run_worker, slug, table, vm_kib
+
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "d1693d4"  # the last commit before padding-free batches, the chunked head and the reused pass
 OFF = {"pack_sequences": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
@@ -76,16 +78,6 @@ def checkout(rev: str, into: Path) -> Path:
     return into / "baseline"
 
 
-def vm_kib(pid: int, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 class PeakRss:
     """Samples VmHWM of the rank processes under a torchrun (children running launch/train.py)."""
 
@@ -115,7 +107,7 @@ class PeakRss:
 
 
 def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int, work: Path) -> dict:
-    run_name = name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "plus_")
+    run_name = slug(name)
     overrides = [f"run.steps={steps}", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
                  f"run.output_dir={work}", f"run.name={run_name}"]
     overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
@@ -203,24 +195,18 @@ def trainer_worker(args: argparse.Namespace) -> None:
            "update_s": statistics.mean(t[1] for t in times),
            "peak_trainer_gib": (vm_kib(os.getpid(), "VmHWM") - rss_before) / 2**20,
            "peak_rss_gib": vm_kib(os.getpid(), "VmHWM") / 2**20}
-    Path(args.result).with_suffix(f".rank{world.rank}.json").write_text(json.dumps(out))
-    torch.save(probe, Path(args.result).with_suffix(f".rank{world.rank}.pt"))
+    rank_result(args.result, world.rank).write_text(json.dumps(out))
+    torch.save(probe, rank_result(args.result, world.rank, ".pt"))
 
 
 def run_trainer(name: str, code: Path, trainer: dict, algo: dict, model: Path, steps: int, work: Path) -> dict:
     import torch
-    result = work / name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "plus_")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(Path(__file__).resolve()),
-           "--worker", "--code", str(code), "--model", str(model), "--trainer", json.dumps(trainer),
-           "--algo", json.dumps(algo), "--trainer-steps", str(steps), "--result", str(result)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
+    result = work / slug(name)
     start = time.perf_counter()
-    with open(f"{result}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc:
-        raise RuntimeError(f"variant {name!r} failed (exit {rc}); see {result}.log")
-    ranks = [json.loads(result.with_suffix(f".rank{r}.json").read_text()) for r in range(2)]
-    probes = [torch.load(result.with_suffix(f".rank{r}.pt")) for r in range(2)]
+    ranks = run_worker(name, Path(__file__), ["--code", str(code), "--model", str(model), "--trainer",
+                                              json.dumps(trainer), "--algo", json.dumps(algo), "--trainer-steps",
+                                              str(steps)], result, code)
+    probes = [torch.load(rank_result(result, r, ".pt")) for r in range(2)]
     return {"variant": name, "logprobs_s": max(r["logprobs_s"] for r in ranks),
             "update_s": max(r["update_s"] for r in ranks),
             "trainer_s": max(r["logprobs_s"] + r["update_s"] for r in ranks),
@@ -239,18 +225,6 @@ def chosen(variants: dict, names: list[str] | None) -> dict:
 
 
 # ---- report ----------------------------------------------------------------------------------
-
-def table(rows: list[dict], columns: list[tuple[str, str]], ratio_of: list[str]) -> str:
-    today = rows[0]
-    head = "| variant | " + " | ".join(title for _, title in columns) + " | " + " | ".join(
-        f"{k} / today" for k in ratio_of) + " |"
-    lines = [head, "|" + "---|" * (1 + len(columns) + len(ratio_of))]
-    for r in rows:
-        cells = [f"{r[k]:.3f}" if isinstance(r[k], float) else str(r[k]) for k, _ in columns]
-        ratios = [f"{r[k] / today[k]:.2f}x" if today[k] else "-" for k in ratio_of]
-        lines.append(f"| {r['variant']} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-    return "\n".join(lines)
-
 
 def plot(results: dict, path: Path) -> None:
     try:
@@ -290,11 +264,7 @@ def main() -> int:
                         "tables; 'today' and 'all off' are always run: ratios and drift are relative to them)")
     parser.add_argument("--baseline", default=BASELINE, help="git revision whose code is 'today'")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_time")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--code", help=argparse.SUPPRESS)
-    parser.add_argument("--trainer", help=argparse.SUPPRESS)
-    parser.add_argument("--algo", help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
+    add_worker_args(parser, "--code", "--trainer", "--algo")
     args = parser.parse_args()
     if args.worker:
         trainer_worker(args)

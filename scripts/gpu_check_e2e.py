@@ -1,25 +1,28 @@
 """GPU check of the whole RL loop on one GPU, without vLLM: does the GPU path run end to end?
 
     python scripts/gpu_check_e2e.py [--steps 30] [--out DIR] [--config configs/quickstart.yaml] [--model DIR]
+        [--trainer-backend torch|megatron] [--dtype bfloat16|float32] [--max-logprob-diff X]
 
 Runs `torchrun --nproc_per_node 1 launch/train.py` (so the process group is real: NCCL for model tensors,
 gloo for metadata, world size 1) on the quickstart config for `--steps` steps with the `hf` rollout engine
-and the trainer both in bfloat16, under full placement: every step the engine sleeps (weights off the GPU)
-while the trainer trains, and the trainer offloads (weights and AdamW state to host) while the engine
-generates. It needs models/quickstart-policy (`python launch/sft.py --config configs/sft_quickstart.yaml`
-builds it in about a minute on CPU; carry it to the GPU machine). Then it checks, from metrics.jsonl and the
-exported policy:
+and the trainer (`--trainer-backend`, torch by default) both in `--dtype` (bfloat16 by default), under full
+placement: every step the engine sleeps (weights off the GPU) while the trainer trains, and the trainer
+offloads (its weights or gradients and its optimizer state to host) while the engine generates.
+`scripts/gpu_check_megatron.py` is this check with the megatron backend. It needs models/quickstart-policy
+(`python launch/sft.py --config configs/sft_quickstart.yaml` builds it in about a minute on CPU; carry it to
+the GPU machine). Then it checks, from metrics.jsonl and the exported policy:
 
 - finite loss: actor/policy_loss and actor/grad_norm finite at every step, no skipped optimizer step;
 - moving weights: the exported policy differs from the starting one;
 - engine/trainer agreement: the mean |log p_engine - log p_trainer| per response token stays under
-  --max-logprob-diff (0.05 nats by default: both sides run bfloat16 matmuls, but the engine decodes with a
-  KV cache and the trainer runs whole sequences, so they round differently; in float32 the two agree to
-  about 1e-6, tests/test_hf_engine.py);
+  --max-logprob-diff (by default 0.05 nats in bfloat16: both sides run bfloat16 matmuls, but the engine
+  decodes with a KV cache and the trainer runs whole sequences, so they round differently; 1e-3 in float32,
+  where the two agree to about 1e-6, tests/test_hf_engine.py);
 - offload frees memory: placement/offload_freed_bytes > 0 at every step (engine sleep + trainer offload);
 - the step ran collectives under NCCL: the run's process-group backend, as the rank reports it.
 
-Prints one JSON report (also written to --out) and exits 1 if a check fails. About 2 minutes on one H200.
+Prints one JSON report (also written to --out as gpu_check_e2e.json) and exits 1 if a check fails. About 2
+minutes on one H200.
 Without a GPU it runs the same loop on the CPU and reports the two GPU-only checks (offload frees memory,
 NCCL) as skipped, which keeps the script working in the CPU test suite (tests/test_gpu_check_e2e.py).
 """
@@ -34,18 +37,30 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
+from yatt.trainers import TRAINERS  # noqa: E402  (the registry only: no torch or megatron import)
+
+MAX_LOGPROB_DIFF = {"bfloat16": 0.05, "float32": 1e-3}  # default --max-logprob-diff by dtype (see above)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = __doc__, **defaults) -> int:
+    """The check; `name` names the report file and the run, `defaults` replace the options' defaults (how
+    another entry point, e.g. gpu_check_megatron.py, makes this check its own)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
     parser.add_argument("--model", type=Path, default=None, help="the policy folder (default: the config's)")
-    parser.add_argument("--max-logprob-diff", type=float, default=0.05)
+    parser.add_argument("--trainer-backend", choices=TRAINERS.names(), default="torch", help="trainer.backend")
+    parser.add_argument("--dtype", choices=tuple(MAX_LOGPROB_DIFF), default="bfloat16",
+                        help="trainer.dtype and rollout.engine.dtype")
+    parser.add_argument("--max-logprob-diff", type=float, default=None, help="default: by --dtype")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report into this folder")
-    args = parser.parse_args()
+    parser.set_defaults(**defaults)
+    args = parser.parse_args(argv)
+    max_diff = MAX_LOGPROB_DIFF[args.dtype] if args.max_logprob_diff is None else args.max_logprob_diff
     import torch
 
     gpu = torch.cuda.is_available()
@@ -56,19 +71,22 @@ def main() -> int:
         print(f"{model} not found: build it with `python launch/sft.py --config configs/sft_quickstart.yaml`",
               file=sys.stderr)
         return 2
-    runs = Path(tempfile.mkdtemp(prefix="yatt-gpu-e2e-"))
-    overrides = [f"model.path={model}", f"run.output_dir={runs}", "run.name=gpu-e2e", f"run.steps={args.steps}",
+    runs = Path(tempfile.mkdtemp(prefix=f"yatt-{name}-"))
+    overrides = [f"model.path={model}", f"run.output_dir={runs}", f"run.name={name}", f"run.steps={args.steps}",
                  "run.eval_every=0", "data.eval_prompts=64", f"checkpoint.every={max(1, args.steps // 3)}",
-                 "rollout.engine.backend=hf", "rollout.engine.dtype=bfloat16", "trainer.dtype=bfloat16"]
+                 "rollout.engine.backend=hf", f"rollout.engine.dtype={args.dtype}", f"trainer.dtype={args.dtype}",
+                 f"trainer.backend={args.trainer_backend}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", str(REPO / "launch/train.py"),
            "--config", str(args.config.resolve()), "--placement", "full", "--resume", "none", *overrides]
     start = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     report: dict = {"command": " ".join(cmd[2:]), "returncode": proc.returncode,
-                    "wall_s": round(time.perf_counter() - start, 1),
+                    "wall_s": round(time.perf_counter() - start, 1), "dtype": args.dtype, "max_logprob_diff": max_diff,
                     "device": torch.cuda.get_device_name(0) if gpu else "cpu (GPU-only checks skipped)"}
-    run_dir = runs / "gpu-e2e"
+    run_dir = runs / name
+    if (run_dir / "config.yaml").is_file():  # the backend the run says it trained with
+        report["trainer_backend"] = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["backend"]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] \
         if (run_dir / "metrics.jsonl").is_file() else []
     steps = [r for r in records if r["step"] > 0]
@@ -86,7 +104,7 @@ def main() -> int:
             accuracy=[records[0].get("eval/accuracy"), steps[-1].get("eval/accuracy")])
         checks["finite_loss"] = all(math.isfinite(r["actor/policy_loss"]) and math.isfinite(r["actor/grad_norm"])
                                     and r["actor/skipped_steps"] == 0 for r in steps)
-        checks["logprobs_agree"] = max(lp_diff) <= args.max_logprob_diff
+        checks["logprobs_agree"] = max(lp_diff) <= max_diff
         if gpu:
             checks["offload_frees_memory"] = min(freed) > 0
     backend = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if "process group backend" in line]
@@ -111,7 +129,7 @@ def main() -> int:
     print(text)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_check_e2e.json").write_text(text + "\n")
+        (args.out / f"{name}.json").write_text(text + "\n")
     return 0 if report["ok"] else 1
 
 

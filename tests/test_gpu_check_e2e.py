@@ -1,6 +1,7 @@
-"""The whole-loop GPU check runs everywhere: on CPU its two GPU-only checks are skipped and the rest (finite
-loss, moving weights, engine/trainer log-prob agreement in bfloat16 with the hf engine) must pass, so the
-script is known to work before a GPU is lent."""
+"""The whole-loop GPU checks run everywhere: on CPU their two GPU-only checks are skipped and the rest (finite
+loss, moving weights, engine/trainer log-prob agreement with the hf engine) must pass, so the scripts are known
+to work before a GPU is lent. gpu_check_e2e.py trains with the torch backend in bfloat16, gpu_check_megatron.py
+with the megatron backend (on CPU in float32)."""
 
 import json
 import subprocess
@@ -10,19 +11,35 @@ from pathlib import Path
 import pytest
 import torch
 from e2e import ONE_TOKEN_GRPO, env, experiment
+from megatron_ranks import needs_megatron
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 
 
-def test_gpu_check_e2e_passes(tmp_path):
+def passing_report(tmp_path: Path, script: str) -> dict:
+    """Run scripts/<script>.py for 3 steps on the tiny one-token GRPO experiment; its report, checked."""
     config = experiment(tmp_path, ONE_TOKEN_GRPO)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu_check_e2e.py"), "--config", str(config),
+    proc = subprocess.run([sys.executable, str(REPO / f"scripts/{script}.py"), "--config", str(config),
                            "--steps", "3", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu_check_e2e.json").read_text())
+    report = json.loads((tmp_path / f"{script}.json").read_text())
     assert report["ok"] and report["checks"]["logprobs_agree"] and report["checks"]["weights_moved"], report
     assert len(report["policy_loss"]) == 3
     if not torch.cuda.is_available():
         assert report["skipped"] == ["offload_frees_memory", "nccl_group"], report
+    return report
+
+
+def test_gpu_check_e2e_passes(tmp_path):
+    report = passing_report(tmp_path, "gpu_check_e2e")
+    assert (report["trainer_backend"], report["dtype"]) == ("torch", "bfloat16")
+
+
+@needs_megatron
+def test_gpu_check_megatron_passes(tmp_path):
+    report = passing_report(tmp_path, "gpu_check_megatron")
+    assert report["trainer_backend"] == "megatron"
+    if not torch.cuda.is_available():  # float32: the engine samples from exactly the trainer's weights
+        assert report["dtype"] == "float32" and report["logprob_diff_mean_max"] < 1e-3, report

@@ -1,0 +1,79 @@
+"""What the trainer benchmarks share: /proc memory readings, one torchrun job per variant whose ranks each write
+a JSON result, and markdown tables with ratios to a reference row.
+
+Imported by the scripts in this folder (running `python benchmarks/X.py` puts this folder on sys.path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def vm_kib(pid: int, field: str) -> int:
+    """A /proc/<pid>/status memory field (VmRSS, VmHWM = peak RSS) in KiB; 0 once the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def slug(name: str) -> str:
+    """A variant's name as a file name."""
+    return name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "plus_").replace("=", "")
+
+
+def rank_result(result: str | Path, rank: int, suffix: str = ".json") -> Path:
+    """Where rank `rank` of a worker started by run_worker writes its result."""
+    return Path(result).with_suffix(f".rank{rank}{suffix}")
+
+
+def add_worker_args(parser: argparse.ArgumentParser, *names: str) -> None:
+    """The hidden flags of a script's worker mode: --worker and --result, which run_worker passes, and the
+    script's own string options `names` (e.g. "--trainer")."""
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    for name in (*names, "--result"):
+        parser.add_argument(name, help=argparse.SUPPRESS)
+
+
+def run_worker(name: str, script: Path, worker_args: list[str], result: Path, code: Path,
+               nproc: int = 2) -> list[dict]:
+    """`script --worker --result <result> *worker_args` on `nproc` ranks under torchrun, one compute thread each,
+    importing yatt from `code`; its output goes to <result>.log. Returns what each rank wrote to
+    rank_result(result, rank), by rank."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), str(script.resolve()),
+           "--worker", "--result", str(result), *worker_args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
+    with open(f"{result}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc:
+        raise RuntimeError(f"variant {name!r} failed (exit {rc}); see {result}.log")
+    return [json.loads(rank_result(result, r).read_text()) for r in range(nproc)]
+
+
+def cell(value) -> str:
+    """Floats to 3 decimals, or 3 significant digits when smaller than that shows (a log-prob drift of 1e-6)."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.3f}" if value == 0 or abs(value) >= 1e-3 else f"{value:.2e}"
+
+
+def table(rows: list[dict], columns: list[tuple[str, str]], ratio_of: list[str]) -> str:
+    """A markdown table of `columns` (key, title), one line per row, and for each key in `ratio_of` the ratio
+    of the row's value to the first row's (the reference)."""
+    reference = rows[0]
+    head = "| variant | " + " | ".join(title for _, title in columns) + " | " + " | ".join(
+        f"{k} / {reference['variant']}" for k in ratio_of) + " |"
+    lines = [head, "|" + "---|" * (1 + len(columns) + len(ratio_of))]
+    for r in rows:
+        cells = [cell(r[k]) for k, _ in columns]
+        ratios = [f"{r[k] / reference[k]:.2f}x" if reference[k] else "-" for k in ratio_of]
+        lines.append(f"| {r['variant']} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
