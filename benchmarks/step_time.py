@@ -108,8 +108,10 @@ class PeakRss:
 
 def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int, work: Path) -> dict:
     run_name = slug(name)
+    # dynamic sampling off: every variant (and the baseline's own config, which predates it in the quickstart)
+    # trains the same 512 samples per step, so the step times compare the same work
     overrides = [f"run.steps={steps}", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
-                 f"run.output_dir={work}", f"run.name={run_name}"]
+                 f"run.output_dir={work}", f"run.name={run_name}", "algorithm.dynamic_sampling.enabled=false"]
     overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
     overrides += [f"algorithm.{k}={v}" for k, v in algo.items()]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
