@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from proc_memory import vm_kib  # benchmarks/ is on the path: this file runs as a script
+
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "d1693d4"  # the last commit before padding-free batches, the chunked head and the reused pass
 OFF = {"pack_sequences": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
@@ -74,16 +76,6 @@ def checkout(rev: str, into: Path) -> Path:
         tar.extractall(into / "baseline", filter="data")
     (into / "baseline/models").symlink_to(REPO / "models")  # models are built, not tracked
     return into / "baseline"
-
-
-def vm_kib(pid: int, field: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 class PeakRss:
