@@ -12,9 +12,8 @@ Workload (benchmarks/image_workload.py, written to a temporary folder): --prompt
 --image-size squared pixels, one per prompt, and a JSONL of yatt rows that reference them; a VL policy folder from
 yatt.models.tiny_vl with image_size = --image-size, patch 14 and pixel shuffle 4 (64 image tokens at 448), so that
 its real Idefics3 processor keeps the images at full size (no splitting, no downscaling) and gives per image what
-a real policy's would: a float32 pixel_values of 3 x 448 x 448 (2.4 MB) and a
-pixel_attention_mask of 448 x 448 (int64 as transformers returns it, 1.6 MB). Its weights are tiny and random:
-no model runs here.
+a real policy's would: a float32 pixel_values of 3 x 448 x 448 (2.4 MB) and a pixel_attention_mask of 448 x 448
+(int64 as transformers returns it, 1.6 MB). Its weights are tiny and random: no model runs here.
 
 Variants, each in fresh processes, one after the other:
 - parallel, DP = N: `torchrun --nproc_per_node N` of this file; each rank runs a controller shard's data path
@@ -22,12 +21,12 @@ Variants, each in fresh processes, one after the other:
   PromptStream, one step's batch of prompts/N rows, encode_prompts, load_batch_images with the real processor, and
   the step's rollouts built by group_rollouts (G samples per prompt sharing the prompt's one PromptImages),
   held until the step's end.
-- central, DP = N (the single-controller baseline): one driver process runs the same code as a world of one for the whole global batch (every
-  row, every image), hands each of N receiver processes its contiguous share (each prompt's ids and PromptImages
-  pickled over a pipe, as a central driver's dispatch serialises its batch), and holds the batch and every
-  rollout until the step's end, as a driver that gathers the responses and computes the advantages does. The
-  receivers count and drop what they get: their memory is not the figure, and holding it would only add the
-  batch's size again to this shared box.
+- central, DP = N (the single-controller baseline): one driver process runs the same code as a world of one for
+  the whole global batch (every row, every image), hands each of N receiver processes its contiguous share (each
+  prompt's ids and PromptImages pickled over a pipe, as a central driver's dispatch serialises its batch), and
+  holds the batch and every rollout until the step's end, as a driver that gathers the responses and computes the
+  advantages does. The receivers count and drop what they get: their memory is not the figure, and holding it
+  would only add the batch's size again to this shared box.
 
 Not run: engines, generation and training. The responses are a stand-in: G completions of --response-tokens
 token ids per prompt (drawn from the tiny policy's vocabulary, so the ids are small cached ints, as for any
@@ -54,7 +53,8 @@ Each variant runs --repeats times in fresh processes and the tables give medians
 fragmentation, which varies from process to process with the same code and data (0 to ~0.6 MB per 448-pixel
 image, freed chunks the heap keeps between the held tensors; malloc_trim returns them), so one run is one draw.
 
-Writes <out>.json (everything), <out>.md (the table, the DP=2 ratio, the fitted model) and <out>.png.
+Writes <out>.json (everything), <out>.md (the table, the DP=2 ratio, the model) and <out>.png; --report-from
+JSON rewrites the tables and plot of an earlier run without measuring.
 """
 
 from __future__ import annotations
@@ -335,7 +335,7 @@ def fit(dps: list[int], values: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def conclude(summary: list[dict]) -> dict:
+def conclude(summary: list[dict], runs: list[dict]) -> dict:
     """The DP = 2 ratios to the central driver (medians over repeats, and the worst pairing of single runs) and the
     scaling model of the parallel controllers."""
     by, out = {(r["variant"], r["dp"]): r for r in summary}, {}
@@ -352,10 +352,14 @@ def conclude(summary: list[dict]) -> dict:
         dps, peaks = [r["dp"] for r in parallel], [r["peak_anon_mib"] for r in parallel]
         fixed, per_batch = fit(dps, peaks)
         batch = parallel[0]["held_mib"] * parallel[0]["dp"]
-        line = (f"peak per controller ~ {fixed:.0f} MiB + {per_batch:.0f} MiB / DP (least squares over the medians at "
-                f"DP = {', '.join(map(str, dps))}; the global batch holds {batch:.0f} MiB)"
+        # the heap's share of each process's peak beyond what it holds: 0, or a fraction of the held bytes
+        extra = [p["peak_anon_mib"] / p["held_mib"] - 1 for r in runs for p in r["processes"]]
+        line = (f"peak per controller ~ (1 + f) x {batch:.0f} MiB / DP, the global batch's held bytes split DP ways, "
+                f"f = {min(extra):.2f} to {max(extra):.2f} by process (heap fragmentation); least squares over the "
+                f"medians at DP = {', '.join(map(str, dps))}: {fixed:.0f} MiB + {per_batch:.0f} MiB / DP"
                 + (f"; the central driver ~{statistics.median(central):.0f} MiB at every DP" if central else ""))
         out["model"] = {"dps": dps, "fixed_mib": fixed, "per_batch_mib": per_batch, "line": line,
+                        "fragmentation": [min(extra), max(extra)],
                         "residual_mib": max(abs(fixed + per_batch / d - v) for d, v in zip(dps, peaks))}
     return out
 
@@ -435,31 +439,8 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=512, help="global batch: prompts per step, one image each")
-    parser.add_argument("--image-size", type=int, default=448, help=f"image side in pixels (a multiple of "
-                        f"{PATCH * SHUFFLE})")
-    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
-    parser.add_argument("--response-tokens", type=int, default=256, help="tokens per stand-in response")
-    parser.add_argument("--dp", type=int, nargs="+", default=[1, 2, 4], help="data-parallel sizes to run")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant (fresh processes each)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/controller_memory")
-    parser.add_argument("--role", choices=VARIANTS, help=argparse.SUPPRESS)
-    parser.add_argument("--config", help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
-    parser.add_argument("--receivers", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.role == "parallel":
-        controller_worker(args)
-        return 0
-    if args.role == "central":
-        central_worker(args)
-        return 0
-    for dp in args.dp:
-        if args.prompts % dp:
-            raise SystemExit(f"--prompts {args.prompts} is not divisible by DP = {dp}")
+def measure(args: argparse.Namespace) -> dict:
+    """Every variant at every DP, --repeats times, one process group after the other."""
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="yatt-controller-memory-") as tmp:
         work = Path(tmp)
@@ -478,12 +459,44 @@ def main() -> int:
                     print(f"run {repeat + 1}/{args.repeats}, {variant} DP={dp}: peak anon {r['peak_anon_mib']:.0f} "
                           f"MiB, peak RSS {r['peak_rss_mib']:.0f} MiB, held {r['held_mib']:.0f} MiB per controller",
                           flush=True)
-    results = {"workload": {**workload, "prompts": args.prompts, "group_size": args.group_size,
-                            "response_tokens": args.response_tokens},
-               "measure": "peak anon RSS above idle (RssAnon sampled every 5 ms) for the ratio; also VmHWM after "
-                          "/proc/self/clear_refs minus idle VmRSS, and accounted held bytes",
-               "summary": aggregate(runs), "runs": runs, "wall_s": time.perf_counter() - start}
-    results.update(conclude(results["summary"]))
+    return {"workload": {**workload, "prompts": args.prompts, "group_size": args.group_size,
+                         "response_tokens": args.response_tokens},
+            "measure": "peak anon RSS above idle (RssAnon sampled every 5 ms) for the ratio; also VmHWM after "
+                       "/proc/self/clear_refs minus idle VmRSS, and accounted held bytes",
+            "summary": aggregate(runs), "runs": runs, "wall_s": time.perf_counter() - start}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=512, help="global batch: prompts per step, one image each")
+    parser.add_argument("--image-size", type=int, default=448, help=f"image side in pixels (a multiple of "
+                        f"{PATCH * SHUFFLE})")
+    parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
+    parser.add_argument("--response-tokens", type=int, default=256, help="tokens per stand-in response")
+    parser.add_argument("--dp", type=int, nargs="+", default=[1, 2, 4], help="data-parallel sizes to run")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each variant (fresh processes each)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/controller_memory")
+    parser.add_argument("--report-from", type=Path, help="a results JSON: only rewrite its tables and plot")
+    parser.add_argument("--role", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument("--config", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--receivers", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.role == "parallel":
+        controller_worker(args)
+        return 0
+    if args.role == "central":
+        central_worker(args)
+        return 0
+    for dp in args.dp:
+        if args.prompts % dp:
+            raise SystemExit(f"--prompts {args.prompts} is not divisible by DP = {dp}")
+    if args.report_from:
+        results = json.loads(args.report_from.read_text())
+    else:
+        results = measure(args)
+    results.update(conclude(results["summary"], results["runs"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
     print(report(results, args.out))
