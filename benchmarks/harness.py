@@ -1,5 +1,5 @@
-"""What the trainer benchmarks share: /proc memory readings, one torchrun job per variant whose ranks each write
-a JSON result, and markdown tables with ratios to a reference row.
+"""What the trainer benchmarks share: /proc memory readings (proc_memory.vm_kib), one torchrun job per variant
+whose ranks each write a JSON result, and markdown tables with ratios to a reference row.
 
 Imported by the scripts in this folder (running `python benchmarks/X.py` puts this folder on sys.path).
 """
@@ -13,16 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-
-def vm_kib(pid: int, field: str) -> int:
-    """A /proc/<pid>/status memory field (VmRSS, VmHWM = peak RSS) in KiB; 0 once the process is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+from proc_memory import vm_kib  # noqa: F401  (re-exported: the trainer benchmarks read /proc through harness)
 
 
 def slug(name: str) -> str:

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from yatt.controllers.images import PromptImages
+from yatt.controllers.rollouts import group_rollouts
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec
@@ -85,10 +86,7 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
 
     def take_rollouts(key: str, completions) -> None:
         g = int(key.rsplit("/g", 1)[1])
-        im = images[g]
-        groups[g] = [Rollout(rows[g], im.prompt_ids if im else prompt_ids[g], list(c.token_ids), list(c.logprobs),
-                             c.finish_reason, text=tokenizer.decode(c.token_ids, skip_special_tokens=True), vision=im)
-                     for c in completions]
+        groups[g] = group_rollouts(rows[g], prompt_ids[g], images[g], completions, tokenizer)
         for r in groups[g]:
             r.rule_score = rule_score(r.text, r.row)
         if stream and lanes:

@@ -7,7 +7,7 @@ from yatt.controllers.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rows import PromptRow
-from yatt.engines.base import SamplingSpec
+from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.pool import EnginePool, Request
 from yatt.rewards.rules import score
 
@@ -35,13 +35,17 @@ def generate_rollouts(pool: EnginePool, rows: list[PromptRow], prompt_ids: list[
     pool.submit([Request(f"p{i}", ids, seed, sampling, im.images if im else None)
                  for i, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))])
     done = pool.drain()
-    rollouts = []
-    for i, (row, ids, im) in enumerate(zip(rows, prompt_ids, images)):
-        for c in done[f"p{i}"]:
-            rollouts.append(Rollout(row, im.prompt_ids if im else ids, list(c.token_ids), list(c.logprobs),
-                                    c.finish_reason, text=tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                                    vision=im))
-    return rollouts
+    return [r for i, (row, ids, im) in enumerate(zip(rows, prompt_ids, images))
+            for r in group_rollouts(row, ids, im, done[f"p{i}"], tokenizer)]
+
+
+def group_rollouts(row: PromptRow, prompt_ids: list[int], image: PromptImages | None, completions: list[Completion],
+                   tokenizer) -> list[Rollout]:
+    """One prompt's rollouts from its engine completions: an image prompt's samples carry the expanded ids and
+    share its one PromptImages (the images are not copied per sample)."""
+    return [Rollout(row, image.prompt_ids if image else prompt_ids, list(c.token_ids), list(c.logprobs),
+                    c.finish_reason, text=tokenizer.decode(c.token_ids, skip_special_tokens=True), vision=image)
+            for c in completions]
 
 
 def score_rollouts(rollouts: list[Rollout]) -> None:
