@@ -78,6 +78,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing; spawned
 
 # benchmarks/ is on the path: this file runs as a script
 from image_workload import PATCH, SHUFFLE, textured_image, write_policy, write_workload  # noqa: E402
+from harness import pyplot  # noqa: E402
 from proc_memory import PeakSampler, reset_peak, trim_heap, vm_kib  # noqa: E402
 
 MIB = 2**20
@@ -398,12 +399,8 @@ def report(results: dict, out: Path) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for variant, colour in (("parallel", "tab:blue"), ("central", "tab:red")):
@@ -428,7 +425,9 @@ def plot(results: dict, path: Path) -> None:
                 label=f"fit {m['fixed_mib']:.0f} + {m['per_batch_mib']:.0f} / DP MiB")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["dp"] for r in results["summary"]}))
-    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    from matplotlib.ticker import ScalarFormatter
+
+    ax.get_xaxis().set_major_formatter(ScalarFormatter())
     ax.set_xlabel("data-parallel ranks (DP), fixed global batch")
     ax.set_ylabel("MiB above the process's idle size")
     w = results["workload"]

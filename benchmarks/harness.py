@@ -68,3 +68,16 @@ def table(rows: list[dict], columns: list[tuple[str, str]], ratio_of: list[str])
         ratios = [f"{r[k] / reference[k]:.2f}x" if reference[k] else "-" for k in ratio_of]
         lines.append(f"| {r['variant']} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
     return "\n".join(lines)
+
+
+def pyplot():
+    """matplotlib's pyplot on a file-only backend, or None (printed) when matplotlib is not installed: the
+    benchmarks still write their tables and JSON without it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return None
+    return plt

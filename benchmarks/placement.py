@@ -31,6 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 
+from harness import pyplot  # noqa: E402  (benchmarks/ is on the path: this file runs as a script)
+
 EOS = 2
 
 
@@ -125,12 +127,8 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     names = list(results)

@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import add_worker_args, rank_result, run_worker, slug, table, vm_kib
+from harness import add_worker_args, pyplot, rank_result, run_worker, slug, table, vm_kib
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "d1693d4"  # the last commit before padding-free batches, the chunked head and the reused pass
@@ -229,12 +229,8 @@ def chosen(variants: dict, names: list[str] | None) -> dict:
 # ---- report ----------------------------------------------------------------------------------
 
 def plot(results: dict, path: Path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
     panels = [k for k in ("quickstart", "100m") if k in results]
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
