@@ -63,3 +63,14 @@ def test_token_budget_gives_the_same_update_as_count_based(tiny):
         torch.testing.assert_close(results[0][1], other[1])  # packed logprobs land on their own rows
         for name, w in results[0][2].items():
             torch.testing.assert_close(w, other[2][name], rtol=1e-3, atol=1e-4)
+
+
+def test_rows_that_share_a_prompt_pack_together_and_count_it_once():
+    """A group's rows stay one piece while it fits (the shared prompt counted once); a group that does not
+    fit is cut, and each piece pays its prompt again."""
+    lengths, shared = [10, 12, 11, 5], [0, 8, 8, 0]
+    assert pack_by_tokens(lengths, 20, padded=False, shared=shared) == [[0, 1, 2], [3]]  # 10 + 4 + 3 = 17
+    assert pack_by_tokens(lengths, 15, padded=False, shared=shared) == [[0, 1], [2], [3]]
+    assert pack_by_tokens(lengths, 20, padded=False, shared=shared, max_rows=2) == [[0, 1], [2, 3]]
+    assert pack_by_tokens(lengths, 20, padded=False) == [[1], [2], [0, 3]]  # without sharing: rows apart
+    assert pack_by_tokens(lengths, 40, padded=True, shared=shared) == pack_by_tokens(lengths, 40)  # padded: no sharing

@@ -1,6 +1,6 @@
-"""The trainer's efficient paths give the values of the plain one: packed vs padded sequences, the output
-head in chunks vs full-vocabulary logits, activation checkpointing — same log-probs, entropies, loss
-and gradients in float32 (<= 1e-5), at any temperature."""
+"""The trainer's efficient paths give the values of the plain one: packed vs padded sequences, prompts shared
+by a group's samples vs repeated, the output head in chunks vs full-vocabulary logits, activation
+checkpointing — same log-probs, entropies, loss and gradients in float32 (<= 1e-5), at any temperature."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.trainers.batch import TokenBatch
+from yatt.balance.packing import micro_batch_rows
+from yatt.trainers.packing import model_inputs, shared_prompts
 from yatt.trainers.torch_trainer import TorchTrainer
 
 WORLD = World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
 VARIANTS = {  # name: trainer settings
     "padded-full": dict(pack_sequences=False, logprob_chunk_tokens=0),
     "packed-full": dict(pack_sequences=True, logprob_chunk_tokens=0),
+    "packed-unshared": dict(pack_sequences=True, share_prompts=False, logprob_chunk_tokens=0),
     "padded-chunked": dict(pack_sequences=False, logprob_chunk_tokens=3),
     "packed-chunked": dict(pack_sequences=True, logprob_chunk_tokens=3),
     "packed-chunked-checkpointed": dict(pack_sequences=True, logprob_chunk_tokens=5, activation_checkpointing=True),
@@ -42,6 +45,26 @@ def ragged_batch(temperature: float = 1.0) -> TokenBatch:
     return batch
 
 
+def grouped_batch(temperature: float = 1.0) -> TokenBatch:
+    """GRPO-shaped rows: consecutive samples of one prompt, with ragged responses. Also what must not share:
+    an empty response inside a group, two groups whose prompts have the same length but other ids, and a
+    prompt that extends the one before it."""
+    gen = torch.Generator().manual_seed(3)
+    a, b = torch.randint(3, 40, (4,), generator=gen).tolist(), torch.randint(3, 40, (4,), generator=gen).tolist()
+    groups = [(a, [3, 1, 0, 4, 2]), (b, [2, 5, 1]), (a + [7], [3]), ([5, 6, 7], [4, 4])]
+    prompts, responses = [], []
+    for prompt, lengths in groups:
+        for n in lengths:
+            prompts.append(prompt)
+            responses.append(torch.randint(3, 40, (n,), generator=gen).tolist())
+    batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
+    batch.temperature = temperature
+    return batch
+
+
+BATCHES = {"distinct": ragged_batch, "groups": grouped_batch}
+
+
 def reference(trainer: TorchTrainer, batch: TokenBatch, weights: torch.Tensor | None = None):
     """Log-probs and entropies the textbook way: full padded logits from the Hugging Face forward."""
     logits = trainer.module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
@@ -57,11 +80,12 @@ def grads(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("kind", list(BATCHES))
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_logprobs_and_entropy_equal_full_logits(tiny, variant, temperature):
+def test_logprobs_and_entropy_equal_full_logits(tiny, variant, temperature, kind):
     trainer = TorchTrainer(tiny, TrainerConfig(micro_batch_size=3, **VARIANTS[variant]), WORLD)
-    batch = ragged_batch(temperature)
+    batch = BATCHES[kind](temperature)
     logp, ent = trainer.logprobs(batch, with_entropy=True)
     with torch.no_grad():
         want_logp, want_ent = reference(trainer, batch)
@@ -70,11 +94,12 @@ def test_logprobs_and_entropy_equal_full_logits(tiny, variant, temperature):
     torch.testing.assert_close(ent, want_ent, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", list(BATCHES))
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_loss_and_gradients_equal_full_logits(tiny, variant):
+def test_loss_and_gradients_equal_full_logits(tiny, variant, kind):
     """The PPO-clip loss plus an entropy term through each path: same loss, same gradient of every weight."""
     trainer = TorchTrainer(tiny, TrainerConfig(**VARIANTS[variant]), WORLD)
-    batch = ragged_batch(0.7)
+    batch = BATCHES[kind](0.7)
     gen = torch.Generator().manual_seed(2)
     batch.extras.update(old_logprobs=reference(trainer, batch)[0].detach() + 0.05 * torch.randn(
         batch.mask.shape, generator=gen) * batch.mask, advantages=torch.randn(len(batch), generator=gen))
@@ -108,6 +133,40 @@ def test_micro_batches_do_not_change_packed_chunked_updates(tiny):
         results.append(stats)
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], abs=1e-5)
     assert results[0]["policy_loss"] == pytest.approx(results[1]["policy_loss"], abs=1e-5)
+
+
+def test_shared_prompts_are_laid_down_once_per_micro_batch():
+    """The packed row holds each group's prompt once, then every response; the rows that must not share
+    (after an empty response, other ids, a longer prompt) lay their prompt down again."""
+    batch = grouped_batch()
+    assert shared_prompts(batch) == [0, 4, 0, 0, 4, 0, 4, 4, 0, 0, 3]
+    lengths = batch.attention_mask.sum(dim=1)
+    shared = model_inputs(batch, packed=True, share_prompts=True)
+    assert shared.kwargs["input_ids"].shape[1] == int(lengths.sum()) - 4 * 4 - 3
+    assert "cu_seq_lens_q" not in shared.kwargs  # flash-attention's varlen layout cannot express the sharing
+    repeated = model_inputs(batch, packed=True, share_prompts=False)
+    assert repeated.kwargs["input_ids"].shape[1] == int(lengths.sum())
+
+
+def test_a_token_budget_that_cuts_groups_does_not_change_the_update(tiny):
+    """Micro-batches of at most 9 packed tokens cut the groups into pieces (each lays its prompt down
+    again): the same update as one padded micro-batch with repeated prompts."""
+    lengths, shared = grouped_batch().lengths(), shared_prompts(grouped_batch())
+    pieces = micro_batch_rows(lengths, 64, 9, padded=False, shared=shared)
+    assert any(len(p) > 1 for p in pieces) and len(pieces) > 4
+    results = []
+    for settings in (dict(micro_batch_size=64, **VARIANTS["padded-full"]),
+                     dict(micro_batch_size=64, micro_batch_tokens=9, pack_sequences=True, logprob_chunk_tokens=2)):
+        torch.manual_seed(0)
+        trainer = TorchTrainer(tiny, TrainerConfig(lr=1e-2, **settings), WORLD)
+        batch = grouped_batch()
+        batch.extras.update(old_logprobs=trainer.logprobs(batch)[0], advantages=torch.linspace(-1, 1, len(batch)))
+        results.append(trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(
+            float(batch.mask.sum()), float(len(batch)), 8)))
+        results[-1]["weights"] = torch.cat([p.detach().flatten() for p in trainer.module.parameters()])
+    assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], abs=1e-5)
+    assert results[0]["policy_loss"] == pytest.approx(results[1]["policy_loss"], abs=1e-5)
+    torch.testing.assert_close(results[1]["weights"], results[0]["weights"], rtol=0, atol=1e-5)
 
 
 def test_bfloat16_autocast_stays_close_to_float32(tiny):

@@ -284,6 +284,9 @@ class TrainerConfig(Section):
                                     "to spare. 0: micro_batch_size alone.")
     pack_sequences: bool = Field(True, description="Lay a micro-batch's sequences end to end (no pad tokens in the "
                                  "linear layers; attention kept per sequence). False: right-padded rows.")
+    share_prompts: bool = Field(True, description="pack_sequences: consecutive samples of the same prompt (a GRPO "
+                                "group) run it through the model once per micro-batch, their responses attending "
+                                "to that one copy (exact; yatt.trainers.packing).")
     logprob_chunk_tokens: int = Field(256, ge=0, description="Run the output head over this many scored tokens at "
                                       "a time (recomputed in backward), so full-vocabulary logits never exist; "
                                       "0: all at once.")

@@ -12,37 +12,52 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def pack_by_tokens(lengths: Sequence[int], budget: int, padded: bool = True,
-                   max_rows: int | None = None) -> list[list[int]]:
+def pack_by_tokens(lengths: Sequence[int], budget: int, padded: bool = True, max_rows: int | None = None,
+                   shared: Sequence[int] | None = None) -> list[list[int]]:
     """Row indices per micro-batch with at most `budget` tokens (a longer row goes alone) and `max_rows`
     rows: padded tokens (len(mb) * max length) if `padded`, else real tokens (sum of lengths).
 
-    Rows are taken longest first (ties by index), so each micro-batch holds similar lengths;
-    deterministic. Indices inside a micro-batch are ascending.
+    `shared[i]` (packed only): tokens row i shares with row i-1 (a GRPO group's prompt, counted once in the
+    packed row: yatt.trainers.packing). Such rows stay together, as one piece, while the piece fits; a group
+    that does not fit is cut into pieces, each laying its prompt down again.
+
+    Pieces (single rows unless shared) are taken longest first (ties by first index), so each micro-batch
+    holds similar lengths; deterministic. Indices inside a micro-batch are ascending.
     """
     if budget <= 0:
         raise ValueError(f"budget must be positive, got {budget}")
+    limit = max_rows or len(lengths) or 1
+    pieces: list[tuple[int, list[int]]] = []  # (packed tokens, consecutive rows)
+    for i, n in enumerate(lengths):
+        saving = 0 if padded or shared is None else shared[i]
+        if saving and pieces and pieces[-1][1][-1] == i - 1:
+            cost, rows = pieces[-1]
+            if cost + n - saving <= budget and len(rows) < limit:
+                pieces[-1] = (cost + n - saving, rows + [i])
+                continue
+        pieces.append((n, [i]))
     batches: list[list[int]] = []
     current: list[int] = []
     width = total = 0
-    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        cost = (len(current) + 1) * max(width, lengths[i]) if padded else total + lengths[i]
-        if current and (cost > budget or len(current) == max_rows):
+    for cost, rows in sorted(pieces, key=lambda p: (-p[0], p[1][0])):
+        longest = max(lengths[i] for i in rows)
+        size = (len(current) + len(rows)) * max(width, longest) if padded else total + cost
+        if current and (size > budget or len(current) + len(rows) > limit):
             batches.append(sorted(current))
             current, width, total = [], 0, 0
-        current.append(i)
-        width, total = max(width, lengths[i]), total + lengths[i]
+        current += rows
+        width, total = max(width, longest), total + cost
     if current:
         batches.append(sorted(current))
     return batches
 
 
-def micro_batch_rows(lengths: Sequence[int], size: int, token_budget: int = 0,
-                     padded: bool = True) -> list[list[int]]:
+def micro_batch_rows(lengths: Sequence[int], size: int, token_budget: int = 0, padded: bool = True,
+                     shared: Sequence[int] | None = None) -> list[list[int]]:
     """The trainer's micro-batches: under token_budget (and at most `size` rows) when token_budget > 0,
-    else `size` rows in order."""
+    else `size` rows in order. `shared`: as in pack_by_tokens."""
     if token_budget > 0:
-        return pack_by_tokens(lengths, token_budget, padded, max_rows=size)
+        return pack_by_tokens(lengths, token_budget, padded, max_rows=size, shared=shared)
     return [list(range(s, min(s + size, len(lengths)))) for s in range(0, len(lengths), size)]
 
 

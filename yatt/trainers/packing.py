@@ -2,15 +2,23 @@
 
 Padded: the micro-batch as it is, [B, L] with an attention mask; every row is computed to the longest
 one's length. Packed (`trainer.pack_sequences`): the sequences laid end to end in one row [1, N], N =
-their real tokens, with per-sequence position ids and cumulative lengths (`cu_seq_lens_*`, the names
-transformers' flash-attention path reads), so the linear layers — nearly all of the compute — never see a
-pad token.
+their real tokens, with per-sequence position ids, so the linear layers — nearly all of the compute — never
+see a pad token.
 
-Attention must still keep packed sequences apart. `ATTENTION` is registered with transformers as an
-attention implementation: flash-attention's varlen kernel where it is installed (GPU), else it scatters
-the packed queries, keys and values into a padded [B, H, L, D] block, runs causal SDPA there (exact: with
-right padding a real token never attends to a pad) and gathers the real rows back. Only attention pays
-for the padding; on GPU the SDPA path dispatches to its fused kernels.
+Shared prompts (`trainer.share_prompts`, packed only): an RL batch holds G samples of each prompt, as
+consecutive rows. A row whose prompt is the row before's (same length, same ids) does not repeat it in the
+packed row: only its response is laid down, with positions continuing from the prompt's end, and its
+attention reads the prompt tokens of the group's first row. Causal attention makes a prompt's hidden states
+the same in every sample, so this is exact, and the prompt's gradient is the sum over the samples that read
+it (autograd adds them up). The linear layers then see each prompt once per micro-batch, not G times.
+
+Attention keeps every sample to its own tokens through `PackedLayout`: `gather` lays the packed queries,
+keys and values out as the padded [B, H, L, D] block of the samples' own sequences (a shared prompt copied
+into each of its samples' rows), causal SDPA runs there (exact: with right padding a real token never
+attends to a pad slot), and `scatter` takes each packed token's output back from one slot. Only attention
+pays for the padding and the copies; on GPU the SDPA call dispatches to its fused kernels. Without shared
+prompts the micro-batch also carries `cu_seq_lens_*`, what transformers' flash-attention varlen path reads
+(`attention_implementation` picks it where flash-attn is installed and prompts are not shared).
 
 Either way only the positions whose next token is a response token (`mb.mask`) reach the output head:
 prompt positions need no log-prob.
@@ -36,70 +44,100 @@ ATTENTION = "yatt_packed"
 class ModelInputs:
     """One micro-batch's forward: model kwargs, and which hidden rows the head scores."""
 
-    kwargs: dict[str, Any]  # input_ids, attention_mask or position_ids + cu_seq_lens_*, ...
+    kwargs: dict[str, Any]  # input_ids, attention_mask or position_ids + packed_layout (+ cu_seq_lens_*), ...
     select: Tensor  # [M] rows of the flattened hidden states [batch * width, H] to score
     targets: Tensor  # [M] the token each selected position predicts
     rows: Tensor  # [M] where each score goes in the micro-batch's [B, L-1] per-token tensors
     cols: Tensor  # [M]
 
 
-def model_inputs(mb: TokenBatch, packed: bool) -> ModelInputs:
+@dataclass
+class PackedLayout:
+    """Where the packed row's tokens sit in the samples' own sequences (what packed_attention needs)."""
+
+    gather: Tensor  # [B * width] packed token at each slot of the padded [B, width] block (pad slots: 0)
+    scatter: Tensor  # [N] the slot each packed token takes its attention output from
+    count: int  # B
+    width: int  # the longest sample
+
+
+def shared_prompts(mb: TokenBatch) -> list[int]:
+    """Tokens each row shares with the row before it: its prompt (the tokens before its first scored target),
+    when both rows have responses and the same prompt; else 0."""
+    scored = mb.mask.bool()
+    has_response = scored.any(dim=1).tolist()
+    prompt = (scored.int().argmax(dim=1) + 1).tolist()
+    out = [0] * len(mb)
+    for i in range(1, len(mb)):
+        p = prompt[i]
+        if (has_response[i] and has_response[i - 1] and p == prompt[i - 1]
+                and torch.equal(mb.input_ids[i, :p], mb.input_ids[i - 1, :p])):
+            out[i] = p
+    return out
+
+
+def model_inputs(mb: TokenBatch, packed: bool, share_prompts: bool = False) -> ModelInputs:
     rows, cols = mb.mask.nonzero(as_tuple=True)
     targets = mb.input_ids[rows, cols + 1]
+    count, width = mb.input_ids.shape
     if not packed:
-        width = mb.input_ids.shape[1]
         return ModelInputs({"input_ids": mb.input_ids, "attention_mask": mb.attention_mask}, rows * width + cols,
                            targets, rows, cols)
     lengths = mb.attention_mask.sum(dim=1)
-    starts = torch.cumsum(lengths, 0) - lengths
+    shared = torch.tensor(shared_prompts(mb) if share_prompts else [0] * count, dtype=torch.long)
+    own = lengths - shared  # the tokens each row adds to the packed row
+    base = torch.cumsum(own, 0) - own - shared  # packed index of a row's token c >= shared: base + c
+    first = torch.arange(count)  # the row whose tokens a shared prompt is: the group's first
+    for i in range(1, count):
+        if shared[i]:
+            first[i] = first[i - 1]
+    positions = torch.arange(width).expand(count, width)
+    is_shared = positions < shared[:, None]
+    token_index = torch.where(is_shared, base[first][:, None], base[:, None]) + positions
     real = mb.attention_mask.bool()
-    positions = torch.arange(mb.input_ids.shape[1], device=lengths.device).expand_as(mb.input_ids)
-    cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
-    longest = int(lengths.max()) if len(lengths) else 0
-    kwargs = {"input_ids": mb.input_ids[real][None], "position_ids": positions[real][None],
-              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
-    return ModelInputs(kwargs, starts[rows] + cols, targets, rows, cols)
-
-
-def _padded_index(cu: Tensor, longest: int) -> Tensor:
-    """For each packed token, its slot in a [B * longest] padded layout."""
-    lengths = cu[1:] - cu[:-1]
-    seq = torch.repeat_interleave(torch.arange(len(lengths), device=cu.device), lengths)
-    offset = torch.arange(int(cu[-1]), device=cu.device) - cu[:-1].long()[seq]
-    return seq * longest + offset
+    owner = real & ~is_shared  # the packed row, in row-major order: token_index[owner] == arange(N)
+    longest = int(lengths.max()) if count else 0
+    slots = torch.arange(count)[:, None] * longest + positions
+    layout = PackedLayout(gather=torch.where(real, token_index, 0)[:, :longest].flatten(), scatter=slots[owner],
+                          count=count, width=longest)
+    kwargs = {"input_ids": mb.input_ids[owner][None], "position_ids": positions[owner][None],
+              "packed_layout": layout}
+    if not bool(shared.any()):  # what flash-attention's varlen kernel reads (no use for shared prompts)
+        cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
+        kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
+    return ModelInputs(kwargs, token_index[rows, cols], targets, rows, cols)
 
 
 def packed_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
                      attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                      **kwargs: Any) -> tuple[Tensor, None]:
-    """Causal attention within each packed sequence. query [1, H, N, D], key/value [1, Hkv, N, D] ->
+    """Causal attention within each sample's own sequence. query [1, H, N, D], key/value [1, Hkv, N, D] ->
     ([1, N, H, D], None), as transformers' attention functions return."""
-    cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
-    if cu is None:  # an unpacked call (e.g. generate on this model): plain SDPA with the model's mask
+    layout: PackedLayout | None = kwargs.pop("packed_layout", None)
+    if layout is None:  # an unpacked call (e.g. generate on this model): plain SDPA with the model's mask
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    index = _padded_index(cu, longest)
-    count = len(cu) - 1
+    gather = layout.gather.to(query.device)
 
-    def pad(x: Tensor) -> Tensor:  # [1, h, N, D] -> [B, h, longest, D]
+    def pad(x: Tensor) -> Tensor:  # [1, h, N, D] -> [B, h, width, D]; a shared prompt's rows copied per sample
         h, d = x.shape[1], x.shape[3]
-        out = x.new_zeros(h, count * longest, d).index_copy(1, index, x[0])
-        return out.view(h, count, longest, d).transpose(0, 1)
+        return x[0].index_select(1, gather).view(h, layout.count, layout.width, d).transpose(0, 1)
 
     out, _ = sdpa_attention_forward(module, pad(query), pad(key), pad(value), None, dropout, scaling,
                                     is_causal=True)
-    # out: [B, longest, H, D] -> the packed rows [1, N, H, D]
-    return out.reshape(count * longest, *out.shape[2:]).index_select(0, index)[None], None
+    # out: [B, width, H, D] -> the packed rows [1, N, H, D]
+    return out.reshape(layout.count * layout.width, *out.shape[2:]).index_select(0, layout.scatter.to(out.device))[None], None
 
 
 def _mask(*args: Any, attention_mask: Tensor | None = None, **kwargs: Any) -> Tensor | None:
-    """Packed rows come without a padding mask: cu_seq_lens keep their sequences apart inside
+    """Packed rows come without a padding mask: the layout keeps their samples apart inside
     packed_attention, so they need no [N, N] mask. A padded batch gets SDPA's usual mask."""
     return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def attention_implementation(device: torch.device) -> str:
-    """flash_attention_2 where its varlen kernel is installed (CUDA), else the SDPA fallback above."""
-    if device.type == "cuda":
+def attention_implementation(device: torch.device, share_prompts: bool = False) -> str:
+    """flash_attention_2 where its varlen kernel is installed (CUDA) and no prompt is shared, else the SDPA
+    path above (shared prompts need the layout's copies, which cu_seq_lens cannot express)."""
+    if device.type == "cuda" and not share_prompts:
         try:
             import flash_attn  # noqa: F401
             return "flash_attention_2"

@@ -30,7 +30,7 @@ from yatt.engines.base import DTYPES, NamedTensors, weight_buckets
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.trainers.base import LossFn
 from yatt.trainers.batch import TokenBatch
-from yatt.trainers.packing import attention_implementation, model_inputs
+from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer
 
 HEADS = ("lm", "value")
@@ -77,7 +77,9 @@ class TorchTrainer:
         self.cfg, self.world, self.trainable, self.head = cfg, world, trainable, head
         self.vision = is_vision_model(model_path)
         self.packed = cfg.pack_sequences and not self.vision
-        extra = {"attn_implementation": attention_implementation(world.device)} if self.packed else {}
+        self.share_prompts = self.packed and cfg.share_prompts
+        extra = ({"attn_implementation": attention_implementation(world.device, self.share_prompts)} if self.packed
+                 else {})
         self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
         self.frozen = set()  # parameters that never train (the vision tower with freeze_vision)
         if self.vision and freeze_vision:
@@ -107,16 +109,16 @@ class TorchTrainer:
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
 
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
-        """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (real
-        tokens when packed, padded slots when not)."""
+        """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (the packed
+        row's tokens when packed, a shared prompt once; padded slots when not)."""
         return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens,
-                                padded=not self.packed)
+                                padded=not self.packed, shared=shared_prompts(batch) if self.share_prompts else None)
 
     def _token_outputs(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
                        ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of mb's response tokens under softmax(logits / mb.temperature): [B, L-1],
         zero outside mb.mask."""
-        inputs = model_inputs(mb, self.packed)
+        inputs = model_inputs(mb, self.packed, self.share_prompts)
         if mb.pixels:
             dtype = next(self.module.parameters()).dtype
             inputs.kwargs.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()})
