@@ -17,7 +17,8 @@ Workloads:
 - 100m: the trainer alone (log-prob pass + one optimizer step, what a step's logprobs and update stages
   run) on 2 ranks (gloo), a 100M-class model: SmolLM2-135M's shape (30 layers, hidden 576, 49,152-token
   vocabulary, tied embeddings) with random weights, or --model PATH (e.g. a converted SmolLM2-135M). 16
-  samples per rank (32 per step), prompts of 32-96 tokens, responses of 64-128 tokens. Per variant: the
+  samples per rank (32 per step) as an RL batch holds them: 2 prompts of 32-96 tokens with 8 responses each
+  (consecutive rows), responses of 64-128 tokens. Per variant: the
   mean over --trainer-steps steps after one warm-up step, and the peak trainer memory per rank = peak RSS
   (VmHWM) minus the RSS before the model was loaded. The log-prob drift of each variant against the
   padded float32 path on the same weights shows what activation checkpointing and bf16 autocast change.
@@ -44,27 +45,31 @@ from harness import add_worker_args, pyplot, rank_result, run_worker, slug, tabl
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "d1693d4"  # the last commit before padding-free batches, the chunked head and the reused pass
-OFF = {"pack_sequences": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
-QUICKSTART = {  # variant: (code, trainer settings, algorithm settings)
+OFF = {"pack_sequences": False, "share_prompts": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
+PACKED = {"pack_sequences": True, "share_prompts": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
+QUICKSTART = {  # variant: (code, trainer settings, algorithm settings[, other overrides])
     "today": ("baseline", {}, {}),
     "all off": ("current", OFF, {"old_logprobs": "recompute"}),
-    "+packed": ("current", {"pack_sequences": True, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0},
-                {"old_logprobs": "recompute"}),
+    "+packed": ("current", PACKED, {"old_logprobs": "recompute"}),
+    "+shared prompts": ("current", PACKED | {"share_prompts": True}, {"old_logprobs": "recompute"}),
     "+reuse pass": ("current", OFF, {"old_logprobs": "reuse"}),
     "all (defaults)": ("current", {}, {}),
+    # the engine is a choice of the config, not of the trainer: both sample the same distribution (README)
+    "all + hf engine": ("current", {}, {}, ["rollout.engine.backend=hf"]),
 }
 TRAINER_100M = {
     "today": ("baseline", {}, {}),
     "all off": ("current", OFF, {"old_logprobs": "recompute"}),
-    "+packed": ("current", {"pack_sequences": True, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0},
-                {"old_logprobs": "recompute"}),
-    "+chunked head": ("current", {"pack_sequences": False, "micro_batch_tokens": 0}, {"old_logprobs": "recompute"}),
-    "+token budget": ("current", {"pack_sequences": True, "logprob_chunk_tokens": 0}, {"old_logprobs": "recompute"}),
+    "+packed": ("current", PACKED, {"old_logprobs": "recompute"}),
+    "+shared prompts": ("current", PACKED | {"share_prompts": True}, {"old_logprobs": "recompute"}),
+    "+chunked head": ("current", OFF | {"logprob_chunk_tokens": 256}, {"old_logprobs": "recompute"}),
+    "+token budget": ("current", PACKED | {"micro_batch_tokens": 2048}, {"old_logprobs": "recompute"}),
     "+reuse pass": ("current", OFF, {"old_logprobs": "reuse"}),
     "all (defaults)": ("current", {}, {}),
     "all + act. ckpt": ("current", {"activation_checkpointing": True}, {}),
     "all + bf16 autocast": ("current", {"autocast": "bfloat16"}, {}),
 }
+GROUP = 8  # 100m: samples per prompt, as the quickstart's and the SmolLM2 config's group_size
 STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
 
 
@@ -106,14 +111,15 @@ class PeakRss:
         return sorted(k / 2**20 for k in self.peak_kib.values())  # GiB per rank
 
 
-def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int, work: Path) -> dict:
+def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int, work: Path,
+                   other: list[str] = ()) -> dict:
     run_name = slug(name)
     # dynamic sampling off: every variant (and the baseline's own config, which predates it in the quickstart)
     # trains the same 512 samples per step, so the step times compare the same work
     overrides = [f"run.steps={steps}", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
                  f"run.output_dir={work}", f"run.name={run_name}", "algorithm.dynamic_sampling.enabled=false"]
     overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
-    overrides += [f"algorithm.{k}={v}" for k, v in algo.items()]
+    overrides += [f"algorithm.{k}={v}" for k, v in algo.items()] + list(other)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
            "--config", "configs/quickstart.yaml", "--placement", "full", "--resume", "none", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
@@ -171,7 +177,9 @@ def trainer_worker(args: argparse.Namespace) -> None:
     trainer = TorchTrainer(args.model, TrainerConfig(lr=1e-5, micro_batch_size=64, **trainer_cfg), world)
     rng = random.Random(1000 + world.rank)
     vocab = trainer.hf_config.vocab_size
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(32, 96))] for _ in range(16)]
+    # an RL batch: GROUP samples of each prompt, as consecutive rows (2 prompts x 8 samples per rank)
+    prompts = [p for p in ([rng.randrange(3, vocab) for _ in range(rng.randint(32, 96))] for _ in range(16 // GROUP))
+               for _ in range(GROUP)]
     responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(64, 128))] for _ in range(16)]
     batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
     batch.extras["advantages"] = torch.tensor([rng.uniform(-1, 1) for _ in prompts])
@@ -273,9 +281,9 @@ def main() -> int:
         codes = {"baseline": checkout(args.baseline, work), "current": REPO}
         if args.workload in ("quickstart", "all"):
             rows = []
-            for name, (code, trainer, algo) in chosen(QUICKSTART, args.variants).items():
+            for name, (code, trainer, algo, *other) in chosen(QUICKSTART, args.variants).items():
                 print(f"quickstart / {name} ...", flush=True)
-                rows.append(run_quickstart(name, codes[code], trainer, algo, args.steps, work))
+                rows.append(run_quickstart(name, codes[code], trainer, algo, args.steps, work, *other))
                 print(f"  step {rows[-1]['step_s']:.3f} s  (logprobs {rows[-1]['logprobs_s']:.3f}, update "
                       f"{rows[-1]['update_s']:.3f}, generate {rows[-1]['generate_s']:.3f})", flush=True)
             results["quickstart"] = rows

@@ -36,6 +36,9 @@ def test_metrics_are_finite_and_complete(run):
         for key in ("actor/policy_loss", "actor/grad_norm", "actor/entropy", "reward/mean", "time/generate_s"):
             assert math.isfinite(r[key]), (key, r)
         assert r["rollout/samples"] == 64  # 8 prompts x 8 samples over both ranks
+        # balancing off: nothing gathered or moved; the step's reductions still report the imbalance
+        assert r["balance/moved_samples"] == 0 and r["balance/imbalance_after"] == r["balance/imbalance_before"]
+        assert 1.0 <= r["balance/imbalance_before"] < 2.0
     assert any(r["reward/zero_variance_group_frac"] < 1 for r in records[1:]), "no step had a learning signal"
 
 

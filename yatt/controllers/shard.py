@@ -20,6 +20,7 @@ from torch import Tensor
 from yatt.algorithms import kl_estimate, kl_penalized_rewards, masked_sum
 from yatt.algorithms.base import AdvantageInput
 from yatt.balance.exchange import rebalance
+from yatt.balance.workload import sample_workload
 from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.checkpoint.export import export_snapshot
 from yatt.checkpoint.snapshot import Snapshot
@@ -179,7 +180,7 @@ class ControllerShard:
         metrics.update(self._placement_metrics(rollouts, GenerationStats.merged(self._rounds), timer, busy_before,
                                                restarted))
         self.last_step = step
-        return {**metrics, **sampling_metrics, **plan.metrics()}
+        return {**metrics, **sampling_metrics, **(plan.metrics() if plan else {})}
 
     def _generate(self, step: int, rows, round_: int) -> tuple[list[Rollout], GenerationStats]:
         """Rollouts with rule and judge scores, on the devices the placement gives each role."""
@@ -243,8 +244,11 @@ class ControllerShard:
                 r.baseline = g.reward
 
     def _rebalance(self, rollouts: list[Rollout]):
-        """Move whole groups between ranks so each trains about the same work (yatt.balance)."""
+        """Move whole groups between ranks so each trains about the same work (yatt.balance). Off: no
+        exchange and no plan (the step's metric reductions report the imbalance)."""
         bal = self.cfg.balance
+        if not bal.enabled:
+            return rollouts, None
         for i, r in enumerate(rollouts):
             r.origin = (self.world.rank, i)
         unit = self.cfg.rollout.group_size if bal.keep_groups is not False else 1
@@ -329,6 +333,8 @@ class ControllerShard:
         kl_ref = float(masked_sum(kl_estimate(batch.extras["old_logprobs"], ref_lp, self.cfg.algorithm.kl_estimator),
                                   mask)) if ref_lp is not None else 0.0
         lengths = mask.sum(dim=1)
+        bal = self.cfg.balance
+        workload = sum(sample_workload(len(r.prompt_ids), len(r.response_ids), bal.attention_coef) for r in rollouts)
         local = {  # sums over this rank's samples; summed again over ranks below
             "reward": float(rewards.sum()),
             "correct": float((rewards >= 1.0).sum()),
@@ -341,13 +347,14 @@ class ControllerShard:
             "zero_var_groups": float((groups.std(dim=1) == 0).sum()),
             "solved_groups": float((groups.max(dim=1).values >= 1.0).sum()),
             "groups": float(groups.shape[0]),
+            "workload": workload,
             "tokens": update["tokens"],
             **{f"actor/{name}": update[name] for name in self.algorithm.stats},  # sums over trained tokens
         }
         s = dict(zip(local, self.world.sum(list(local.values()))))
         stage_names = sorted(timer.seconds)
         top = [float(t.max()) if t.numel() else 0.0 for t in (lengths, lp_diff)]  # a rank may hold no samples
-        maxes = self.world.max(top + [timer.seconds[k] for k in stage_names])
+        maxes = self.world.max(top + [workload] + [timer.seconds[k] for k in stage_names])
         steps = max(update["optimizer_steps"], 1.0)
         den = {k: max(s[k], 1.0) for k in ("tokens", "samples", "resp_tokens", "groups")}  # 0 when nothing was kept
         metrics = {
@@ -368,7 +375,11 @@ class ControllerShard:
             "rollout/trainer_logprob_diff_max": maxes[1],
             "rollout/samples": s["samples"],
         }
-        metrics.update({f"time/{k}_s": v for k, v in zip(stage_names, maxes[2:])})
+        metrics.update({f"time/{k}_s": v for k, v in zip(stage_names, maxes[3:])})
+        if not bal.enabled:  # what a plan would report: max over mean rank workload, nothing moved
+            imbalance = maxes[2] * self.world.size / s["workload"] if s["workload"] > 0 else 1.0
+            metrics.update({"balance/imbalance_before": imbalance, "balance/imbalance_after": imbalance,
+                            "balance/moved_samples": 0.0, "balance/moved_pixel_bytes": 0.0})
         metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
         if self.sampler is not None:
             metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]

@@ -64,16 +64,15 @@ class PackedLayout:
 def shared_prompts(mb: TokenBatch) -> list[int]:
     """Tokens each row shares with the row before it: its prompt (the tokens before its first scored target),
     when both rows have responses and the same prompt; else 0."""
+    if len(mb) == 0:
+        return []
     scored = mb.mask.bool()
-    has_response = scored.any(dim=1).tolist()
-    prompt = (scored.int().argmax(dim=1) + 1).tolist()
-    out = [0] * len(mb)
-    for i in range(1, len(mb)):
-        p = prompt[i]
-        if (has_response[i] and has_response[i - 1] and p == prompt[i - 1]
-                and torch.equal(mb.input_ids[i, :p], mb.input_ids[i - 1, :p])):
-            out[i] = p
-    return out
+    has_response = scored.any(dim=1)
+    prompt = scored.int().argmax(dim=1) + 1
+    ids, cols = mb.input_ids, torch.arange(mb.input_ids.shape[1])
+    same = ((ids[1:] == ids[:-1]) | (cols >= prompt[1:, None])).all(dim=1) & (prompt[1:] == prompt[:-1])
+    shares = same & has_response[1:] & has_response[:-1]
+    return [0] + torch.where(shares, prompt[1:], 0).tolist()
 
 
 def model_inputs(mb: TokenBatch, packed: bool, share_prompts: bool = False) -> ModelInputs:
