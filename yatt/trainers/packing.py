@@ -69,7 +69,7 @@ def shared_prompts(mb: TokenBatch) -> list[int]:
     scored = mb.mask.bool()
     has_response = scored.any(dim=1)
     prompt = scored.int().argmax(dim=1) + 1
-    ids, cols = mb.input_ids, torch.arange(mb.input_ids.shape[1])
+    ids, cols = mb.input_ids, torch.arange(mb.input_ids.shape[1], device=mb.input_ids.device)
     same = ((ids[1:] == ids[:-1]) | (cols >= prompt[1:, None])).all(dim=1) & (prompt[1:] == prompt[:-1])
     shares = same & has_response[1:] & has_response[:-1]
     return [0] + torch.where(shares, prompt[1:], 0).tolist()
@@ -82,26 +82,28 @@ def model_inputs(mb: TokenBatch, packed: bool, share_prompts: bool = False) -> M
     if not packed:
         return ModelInputs({"input_ids": mb.input_ids, "attention_mask": mb.attention_mask}, rows * width + cols,
                            targets, rows, cols)
-    lengths = mb.attention_mask.sum(dim=1)
-    shared = torch.tensor(shared_prompts(mb) if share_prompts else [0] * count, dtype=torch.long)
+    device, lengths = mb.input_ids.device, mb.attention_mask.sum(dim=1)
+    shares = shared_prompts(mb) if share_prompts else [0] * count
+    first = list(range(count))  # the row whose tokens a shared prompt is: its group's first
+    for i in range(1, count):
+        if shares[i]:
+            first[i] = first[i - 1]
+    shared = torch.tensor(shares, device=device, dtype=torch.long)
+    first = torch.tensor(first, device=device, dtype=torch.long)
     own = lengths - shared  # the tokens each row adds to the packed row
     base = torch.cumsum(own, 0) - own - shared  # packed index of a row's token c >= shared: base + c
-    first = torch.arange(count)  # the row whose tokens a shared prompt is: the group's first
-    for i in range(1, count):
-        if shared[i]:
-            first[i] = first[i - 1]
-    positions = torch.arange(width).expand(count, width)
+    positions = torch.arange(width, device=device).expand(count, width)
     is_shared = positions < shared[:, None]
     token_index = torch.where(is_shared, base[first][:, None], base[:, None]) + positions
     real = mb.attention_mask.bool()
     owner = real & ~is_shared  # the packed row, in row-major order: token_index[owner] == arange(N)
     longest = int(lengths.max()) if count else 0
-    slots = torch.arange(count)[:, None] * longest + positions
+    slots = torch.arange(count, device=device)[:, None] * longest + positions
     layout = PackedLayout(gather=torch.where(real, token_index, 0)[:, :longest].flatten(), scatter=slots[owner],
                           count=count, width=longest)
     kwargs = {"input_ids": mb.input_ids[owner][None], "position_ids": positions[owner][None],
               "packed_layout": layout}
-    if not bool(shared.any()):  # what flash-attention's varlen kernel reads (no use for shared prompts)
+    if not any(shares):  # what flash-attention's varlen kernel reads (no use for shared prompts)
         cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
     return ModelInputs(kwargs, token_index[rows, cols], targets, rows, cols)
