@@ -90,9 +90,9 @@ def _worker(rank: int, tmp: str, model_path: str) -> None:
 def _uneven_batch(rows: range):
     from yatt.trainers.batch import TokenBatch
     gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 40, (4,), generator=gen).tolist() for _ in range(8)]
+    prompts = [torch.randint(3, 40, (4,), generator=gen).tolist() for _ in range(4)]  # 2 samples each
     responses = [torch.randint(3, 40, (1 + i % 5,), generator=gen).tolist() for i in range(8)]
-    batch = TokenBatch.from_sequences([prompts[i] for i in rows], [responses[i] for i in rows], pad_id=0)
+    batch = TokenBatch.from_sequences([prompts[i // 2] for i in rows], [responses[i] for i in rows], pad_id=0)
     batch.extras["advantages"] = torch.tensor([1.0, -1.0] * 4)[list(rows)]
     return batch
 
@@ -113,8 +113,8 @@ def _train_step(world: World, model_path: str, rows: range, micro: int, **settin
 
 
 def _train_uneven(world: World, model_path: str) -> dict:
-    # rank 0 trains 7 rows in 4 micro-batches, rank 1 one row in 1: DDP must stay in step; packed rows and
-    # the output head in chunks of 3 tokens (recomputed in backward) under DDP
+    # rank 0 trains 7 rows in 4 micro-batches, rank 1 one row in 1: DDP must stay in step; packed rows with
+    # shared prompts (pairs of samples) and the output head in chunks of 3 tokens (recomputed in backward) under DDP
     return _train_step(world, model_path, range(7) if world.rank == 0 else range(7, 8), micro=2,
                        pack_sequences=True, logprob_chunk_tokens=3)
 
@@ -154,8 +154,8 @@ def test_round_trip_keeps_every_sample_once_and_unchanged(two_ranks, name, unit,
 
 
 def test_uneven_ranks_train_in_lockstep_like_one_process(two_ranks):
-    """7 + 1 rows on two ranks (4 vs 1 micro-batches, packed, chunked head) give the step of all 8 rows on one
-    rank computed the plain way (padded, full logits)."""
+    """7 + 1 rows on two ranks (4 vs 1 micro-batches, packed, shared prompts, chunked head) give the step of all
+    8 rows on one rank computed the plain way (padded, repeated prompts, full logits)."""
     results, model = two_ranks
     single = _train_step(World(0, 1, 0, torch.device("cpu")), str(model), range(8), micro=8,
                          pack_sequences=False, logprob_chunk_tokens=0)
