@@ -5,7 +5,14 @@ expansion engines and the trainer use, yatt.models.vision) and the loss covers t
 end-of-sequence token. This is a single-process tool for the small quickstart data, so it loads every image
 up front; RL runs read images per rank and per step instead (yatt.controllers.images).
 
-    python -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl [--stop-at 0.5]
+    python -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl [--stop-at 0.3]
+
+Why answer-balanced batches and a per-answer stop (the defaults): RL can only reinforce answers the policy
+samples. On the shapes task plain batches teach the majority answers first (0 and 1), and a policy stopped there
+answers 2 and 3 with near-zero probability; GRPO then sharpens 0/1 and never recovers the rest. Batches that
+draw each gold answer equally often make the vision features separate every count early, and stopping at the
+first eval where every gold answer is also answered right on some rows (`--min-answer-accuracy`) hands RL a
+policy that is weak overall but samples every answer.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import argparse
 import random
 import shutil
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -49,8 +57,8 @@ def _left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.T
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) -> float:
-    """Greedy answers (full recompute per token: prompts are short) scored by each row's verifier."""
+def greedy_correct(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) -> list[bool]:
+    """Whether each row's greedy answer (full recompute per token: prompts are short) passes its verifier."""
     model.eval()
     seqs = [list(p) for p in prompts]
     done = [False] * len(seqs)
@@ -65,7 +73,29 @@ def greedy_accuracy(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) 
                 answers[i].append(t)
                 done[i] = t == tok.eos_token_id
     model.train()
-    return sum(score(tok.decode(a, skip_special_tokens=True), r) >= 1.0 for r, a in zip(rows, answers)) / len(rows)
+    return [score(tok.decode(a, skip_special_tokens=True), r) >= 1.0 for r, a in zip(rows, answers)]
+
+
+def greedy_accuracy(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) -> float:
+    right = greedy_correct(model, tok, rows, prompts, pixels, max_new_tokens)
+    return sum(right) / len(rows)
+
+
+def per_answer_accuracy(rows, right: list[bool]) -> dict[str, float]:
+    """Greedy accuracy on the rows of each gold answer."""
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for row, ok in zip(rows, right):
+        groups[row.answer].append(ok)
+    return {answer: sum(oks) / len(oks) for answer, oks in sorted(groups.items())}
+
+
+def balanced_sampler(rows, rng: random.Random):
+    """Draws row indices so that every gold answer is equally likely (then a uniform row of that answer)."""
+    by_answer: dict[str, list[int]] = defaultdict(list)
+    for i, row in enumerate(rows):
+        by_answer[row.answer].append(i)
+    answers = sorted(by_answer)
+    return lambda n: [rng.choice(by_answer[rng.choice(answers)]) for _ in range(n)]
 
 
 def sft_loss(model, tok, prompts, answers, pixels) -> torch.Tensor:
@@ -83,8 +113,11 @@ def sft_loss(model, tok, prompts, answers, pixels) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
-def run_sft_vl(data: Path, out: Path, stop_at: float = 0.5, lr: float = 2e-3, batch_size: int = 64,
-               max_steps: int = 3000, eval_every: int = 50, eval_rows: int = 200, seed: int = 0, log=print) -> dict:
+def run_sft_vl(data: Path, out: Path, stop_at: float = 0.3, lr: float = 1e-3, batch_size: int = 64,
+               max_steps: int = 3000, eval_every: int = 10, eval_rows: int = 200, seed: int = 0,
+               balanced: bool = True, min_answer_accuracy: float = 0.1, log=print) -> dict:
+    """Train until an eval has greedy accuracy >= stop_at and, on the rows of every gold answer, greedy
+    accuracy >= min_answer_accuracy (0 disables that part). balanced: answer-balanced batches."""
     torch.manual_seed(seed)
     work = out.with_name(out.name + ".tmp")
     shutil.rmtree(work, ignore_errors=True)
@@ -97,9 +130,10 @@ def run_sft_vl(data: Path, out: Path, stop_at: float = 0.5, lr: float = 2e-3, ba
     e_rows, e_prompts, e_pixels = encode_split(data / "eval.jsonl", inputs, limit=eval_rows)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(seed)
+    draw = balanced_sampler(rows, rng) if balanced else (lambda n: rng.sample(range(len(rows)), n))
     start, history, acc = time.perf_counter(), [], 0.0
     for step in range(1, max_steps + 1):
-        pick = rng.sample(range(len(rows)), batch_size)
+        pick = draw(batch_size)
         loss = sft_loss(model, tok, [prompts[i] for i in pick], [answers[i] for i in pick],
                         {k: v[pick] for k, v in pixels.items()})
         opt.zero_grad()
@@ -107,11 +141,12 @@ def run_sft_vl(data: Path, out: Path, stop_at: float = 0.5, lr: float = 2e-3, ba
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % eval_every == 0:
-            acc = greedy_accuracy(model, tok, e_rows, e_prompts, e_pixels)
-            history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc})
-            log(f"sft-vl step {step:5d} loss {float(loss.detach()):.3f} eval accuracy {acc:.3f} "
-                f"({time.perf_counter() - start:.0f}s)")
-            if acc >= stop_at:
+            right = greedy_correct(model, tok, e_rows, e_prompts, e_pixels)
+            acc, per_answer = sum(right) / len(right), per_answer_accuracy(e_rows, right)
+            history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc, "per_answer": per_answer})
+            log(f"sft-vl step {step:5d} loss {float(loss.detach()):.3f} eval accuracy {acc:.3f} per answer "
+                f"{ {a: round(v, 2) for a, v in per_answer.items()} } ({time.perf_counter() - start:.0f}s)")
+            if acc >= stop_at and min(per_answer.values()) >= min_answer_accuracy:
                 break
     model.save_pretrained(work)
     inputs.processor.save_pretrained(work)
@@ -124,11 +159,19 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="SFT the tiny VL policy on an image task (e.g. data/shapes).")
     parser.add_argument("--data", type=Path, default=Path("data/shapes"))
     parser.add_argument("--out", type=Path, default=Path("models/quickstart-vl"))
-    parser.add_argument("--stop-at", type=float, default=0.5)
+    parser.add_argument("--stop-at", type=float, default=0.3, help="stop at this held-out greedy accuracy...")
+    parser.add_argument("--min-answer-accuracy", type=float, default=0.1,
+                        help="...once the rows of every gold answer also reach this greedy accuracy (0: off)")
+    parser.add_argument("--plain-batches", action="store_true", help="uniform rows instead of answer-balanced")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--max-steps", type=int, default=3000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.out.exists():
         print(f"{args.out} exists; delete it to train again")
     else:
-        print(run_sft_vl(args.data, args.out, args.stop_at, max_steps=args.max_steps, seed=args.seed))
+        result = run_sft_vl(args.data, args.out, args.stop_at, lr=args.lr, max_steps=args.max_steps,
+                            eval_every=args.eval_every, seed=args.seed, balanced=not args.plain_batches,
+                            min_answer_accuracy=args.min_answer_accuracy)
+        print({k: v for k, v in result.items() if k != "history"})
