@@ -103,7 +103,7 @@ class TorchTrainer:
             # gradients as views into DDP's all-reduce buckets: one copy of the gradients, not two
             # buffers (e.g. rotary frequencies) never change: no broadcast before every forward
             self.model = DistributedDataParallel(self.scorer, device_ids=device_ids, gradient_as_bucket_view=True,
-                                                 broadcast_buffers=False)
+                                                 forward_sync_buffers=False)
         self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.lr,
                                            betas=cfg.betas,
                                            weight_decay=cfg.weight_decay)
