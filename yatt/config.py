@@ -293,7 +293,8 @@ class TrainerConfig(Section):
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward instead of "
                                            "keeping its activations: less memory, ~1/3 more compute.")
     autocast: Literal["none", "bfloat16"] = Field("none", description="Run forward/backward under bfloat16 autocast "
-                                                  "(weights stay trainer.dtype); fast on GPUs, slow on most CPUs.")
+                                                  "(weights stay trainer.dtype); fast on GPUs and on CPUs with AVX-512 BF16, slow on other CPUs; "
+                                                  "changes the numerics (the rollout-vs-trainer mismatch shows how much).")
     megatron: MegatronConfig = Field(default_factory=MegatronConfig, description="trainer.backend=megatron only.")
 
     @field_validator("backend")
