@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
@@ -62,6 +63,16 @@ def torchrun(config: Path, *args: str, cwd: Path, timeout: int = 900,
              extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(torchrun_args(config, *args), capture_output=True, text=True, timeout=timeout,
                           env={**env(), **(extra_env or {})}, cwd=cwd)
+
+
+def train_repo_config(config: str, run_name: str, output_dir: Path, *args: str, timeout: int) -> tuple[dict, float]:
+    """Train the repository's `config` as its README command does (2 ranks, from the repository root; args:
+    --placement and key=value overrides), writing under output_dir: its summary.json and the wall seconds."""
+    start = time.monotonic()
+    subprocess.run(torchrun_args(REPO / config, *args, f"run.output_dir={output_dir}"), cwd=REPO, env=env(),
+                   check=True, timeout=timeout)
+    wall = time.monotonic() - start
+    return json.loads((output_dir / run_name / "summary.json").read_text()), wall
 
 
 # the vocabulary of a policy that a tiny judge reads ("...?yes"/"no") and the judge's own shape

@@ -4,14 +4,13 @@ Slow (minutes): `make test-all` or `pytest -m slow`. It builds the tiny policy w
 models/quickstart-policy is missing, exactly as `make quickstart` does.
 """
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from e2e import train_repo_config
 from megatron_ranks import needs_megatron
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,12 +23,8 @@ def test_quickstart_learns_within_ten_minutes(tmp_path, backend):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "launch/sft.py", "--config", "configs/sft_quickstart.yaml"],
                    cwd=REPO, env=env, check=True, timeout=600)
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
-                    "--config", "configs/quickstart.yaml", "--placement", "full", f"run.output_dir={tmp_path}",
-                    f"rollout.engine.backend={backend}"], cwd=REPO, env=env, check=True, timeout=900)
-    wall = time.monotonic() - start
-    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    summary, wall = train_repo_config("configs/quickstart.yaml", "quickstart", tmp_path, "--placement", "full",
+                                      f"rollout.engine.backend={backend}", timeout=900)
     assert summary["end_accuracy"] >= 0.90, summary
     assert summary["end_accuracy"] - summary["start_accuracy"] >= 0.30, summary
     assert wall <= 600, f"quickstart RL took {wall:.0f}s"
@@ -42,10 +37,8 @@ def test_quickstart_with_genrm_reward_learns(tmp_path, placement):
     for config in ("configs/sft_quickstart.yaml", "configs/sft_judge.yaml", "configs/sft_judge_near_miss.yaml"):
         subprocess.run([sys.executable, "launch/sft.py", "--config", config], cwd=REPO, env=env, check=True,
                        timeout=1800)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
-                    "--config", "configs/quickstart_genrm.yaml", "--placement", placement,
-                    f"run.output_dir={tmp_path}"], cwd=REPO, env=env, check=True, timeout=3600)  # 32-40 min here
-    summary = json.loads((tmp_path / "quickstart_genrm" / "summary.json").read_text())
+    summary, _ = train_repo_config("configs/quickstart_genrm.yaml", "quickstart_genrm", tmp_path, "--placement",
+                                   placement, timeout=3600)  # 32-40 min here
     assert summary["end_accuracy"] >= 0.90, summary
     assert summary["end_accuracy"] - summary["start_accuracy"] >= 0.30, summary
 
@@ -58,10 +51,7 @@ def test_quickstart_learns_with_megatron_tensor_parallel(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "launch/sft.py", "--config", "configs/sft_quickstart.yaml"],
                    cwd=REPO, env=env, check=True, timeout=600)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
-                    "--config", "configs/quickstart.yaml", "--placement", "full", f"run.output_dir={tmp_path}",
-                    "trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"],
-                   cwd=REPO, env=env, check=True, timeout=3600)
-    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    summary, _ = train_repo_config("configs/quickstart.yaml", "quickstart", tmp_path, "--placement", "full",
+                                   "trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", timeout=3600)
     assert summary["end_accuracy"] >= 0.90, summary
     assert summary["end_accuracy"] - summary["start_accuracy"] >= 0.30, summary

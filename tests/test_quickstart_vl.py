@@ -6,14 +6,13 @@ Slow (minutes): `make test-all` or `pytest -m slow`. Data and the warm-up policy
 `make quickstart-vl` builds them in the repository, so the run starts from a fresh random-init policy.
 """
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from e2e import train_repo_config
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -26,13 +25,9 @@ def test_visual_quickstart_learns_within_twenty_minutes(tmp_path):
                    check=True, timeout=300)
     subprocess.run([sys.executable, "-m", "yatt.quickstart.sft_vl", "--data", str(data), "--out", str(policy)],
                    cwd=REPO, env=env, check=True, timeout=900)
-    start = time.monotonic()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
-                    "--config", "configs/quickstart_vl.yaml", "--placement", "full", f"run.output_dir={tmp_path}",
-                    f"model.path={policy}", f"data.train.files=[{data / 'train.jsonl'}]",
-                    f"data.eval.files=[{data / 'eval.jsonl'}]"], cwd=REPO, env=env, check=True, timeout=1800)
-    wall = time.monotonic() - start
-    summary = json.loads((tmp_path / "quickstart_vl" / "summary.json").read_text())
+    summary, wall = train_repo_config("configs/quickstart_vl.yaml", "quickstart_vl", tmp_path, "--placement", "full",
+                                      f"model.path={policy}", f"data.train.files=[{data / 'train.jsonl'}]",
+                                      f"data.eval.files=[{data / 'eval.jsonl'}]", timeout=1800)
     assert summary["end_accuracy"] >= 0.80, summary
     assert summary["end_accuracy"] - summary["start_accuracy"] >= 0.30, summary
     assert wall <= 1200, f"visual quickstart RL took {wall:.0f}s"

@@ -101,7 +101,7 @@ class TorchTrainer:
         if world.grouped:  # also a one-GPU torchrun run: its gradients then go through NCCL like any other
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
             # gradients as views into DDP's all-reduce buckets: one copy of the gradients, not two
-            # buffers (e.g. rotary frequencies) never change: no broadcast before every forward
+            # buffers (e.g. rotary frequencies) never change: no sync before every forward
             self.model = DistributedDataParallel(self.scorer, device_ids=device_ids, gradient_as_bucket_view=True,
                                                  forward_sync_buffers=False)
         self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.lr,
