@@ -30,7 +30,7 @@ from yatt.checkpoint.writer import CheckpointWriter, SaveJob  # noqa: E402
 from yatt.config import TrainerConfig  # noqa: E402
 from yatt.distributed import World  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
-from yatt.trainers.batch import TokenBatch  # noqa: E402
+from yatt.tensors import TokenBatch  # noqa: E402
 from yatt.trainers.torch_trainer import TorchTrainer  # noqa: E402
 
 BIG = TinyModelConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,

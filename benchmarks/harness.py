@@ -16,6 +16,13 @@ from pathlib import Path
 from proc_memory import vm_kib  # noqa: F401  (re-exported: the trainer benchmarks read /proc through harness)
 
 
+def shown(path: str | Path) -> str:
+    """A path as results files record it: relative to the repository when inside it (no machine paths)."""
+    path = Path(path).resolve()
+    root = Path(__file__).resolve().parents[1]
+    return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+
+
 def slug(name: str) -> str:
     """A variant's name as a file name."""
     return name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "plus_").replace("=", "")

@@ -41,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import add_worker_args, pyplot, rank_result, run_worker, slug, table, vm_kib
+from harness import add_worker_args, pyplot, rank_result, run_worker, shown, slug, table, vm_kib
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "d1693d4"  # the last commit before padding-free batches, the chunked head and the reused pass
@@ -168,7 +168,7 @@ def trainer_worker(args: argparse.Namespace) -> None:
     from yatt.algorithms.objective import Algorithm
     from yatt.config import AlgorithmConfig, TrainerConfig
     from yatt.distributed import init_world
-    from yatt.trainers.batch import TokenBatch
+    from yatt.tensors import TokenBatch
     from yatt.trainers.torch_trainer import TorchTrainer
 
     torch.set_num_threads(1)
@@ -276,7 +276,7 @@ def main() -> int:
     if args.worker:
         trainer_worker(args)
         return 0
-    results: dict = {"baseline": args.baseline, "settings": vars(args) | {"out": str(args.out), "model": str(args.model)}}
+    results: dict = {"baseline": args.baseline, "settings": vars(args) | {"out": shown(args.out), "model": shown(args.model)}}
     with tempfile.TemporaryDirectory(prefix="yatt-step-time-") as tmp:
         work = Path(tmp)
         codes = {"baseline": checkout(args.baseline, work), "current": REPO}

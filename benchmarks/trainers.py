@@ -53,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import add_worker_args, rank_result, run_worker, slug, table, vm_kib
+from harness import add_worker_args, rank_result, run_worker, shown, slug, table, vm_kib
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {  # name: trainer settings besides the defaults
@@ -85,7 +85,7 @@ def global_batch(vocab: int, samples: int, seed: int = 1000):
     a random advantage each."""
     import torch
 
-    from yatt.trainers.batch import TokenBatch
+    from yatt.tensors import TokenBatch
 
     rng = random.Random(seed)
     prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(32, 96))] for _ in range(samples)]
@@ -225,7 +225,7 @@ def main() -> int:
     if args.steps < 1:
         parser.error("--steps: at least one timed step")
     hidden = ("worker", "model", "trainer", "result")  # the worker's flags
-    results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in hidden} | {"out": str(args.out)}}
+    results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in hidden} | {"out": shown(args.out)}}
     with tempfile.TemporaryDirectory(prefix="yatt-trainers-") as tmp:
         work = Path(tmp)
         results["params"] = write_model(work / "model", args)

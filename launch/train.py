@@ -41,7 +41,7 @@ def main() -> int:
 
     from yatt.checkpoint import CheckpointError  # heavy imports only once the config is good
     from yatt.controllers.run import run_experiment
-    from yatt.placement.run_secret import RunSecretError
+    from yatt.transport.secret import RunSecretError
 
     world = init_world()
     try:

@@ -21,7 +21,7 @@ from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
 from yatt.algorithms.objective import Algorithm  # noqa: E402
 from yatt.distributed import World  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
-from yatt.trainers.batch import TokenBatch  # noqa: E402
+from yatt.tensors import TokenBatch  # noqa: E402
 from yatt.trainers.torch_trainer import TorchTrainer  # noqa: E402
 
 

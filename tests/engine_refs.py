@@ -40,7 +40,7 @@ def trainer_logprobs(folder: Path, prompt: list[int], completions: list[list[int
     """The torch trainer's log-probs of each completion at `temperature` (what the RL step compares with)."""
     from yatt.config import TrainerConfig
     from yatt.distributed import World
-    from yatt.trainers.batch import TokenBatch
+    from yatt.tensors import TokenBatch
     from yatt.trainers.torch_trainer import TorchTrainer
 
     trainer = TorchTrainer(folder, TrainerConfig(), World(0, 1, 0, torch.device("cpu")), trainable=False)

@@ -7,7 +7,7 @@ import torch
 
 from yatt.algorithms.objective import Algorithm
 from yatt.config import AlgorithmConfig
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 
 T = torch.tensor
 MASK = T([[1.0, 1.0], [1.0, 0.0]])

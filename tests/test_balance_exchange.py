@@ -88,7 +88,7 @@ def _worker(rank: int, tmp: str, model_path: str) -> None:
 
 
 def _uneven_batch(rows: range):
-    from yatt.trainers.batch import TokenBatch
+    from yatt.tensors import TokenBatch
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 40, (4,), generator=gen).tolist() for _ in range(4)]  # 2 samples each
     responses = [torch.randint(3, 40, (1 + i % 5,), generator=gen).tolist() for i in range(8)]

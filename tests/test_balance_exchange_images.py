@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from yatt.balance.exchange import rebalance
-from yatt.controllers.images import PromptImages
+from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.distributed import World
 

@@ -10,7 +10,7 @@ from yatt.config import TrainerConfig
 from yatt.controllers.critic import Critic
 from yatt.distributed import World
 from yatt.models.tiny import write_tiny_model
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 from yatt.trainers.critic_config import CriticConfig
 from yatt.trainers.torch_trainer import TorchTrainer
 

@@ -13,7 +13,7 @@ from yatt.engines.base import SamplingSpec
 from yatt.engines.client import EngineDied, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.models.tiny import write_tiny_model
-from yatt.placement.services import EngineServices
+from yatt.placement.engine_lifecycle import EngineServices
 from yatt.transport.codec import new_secret
 from yatt.transport.rpc import RemoteError
 

@@ -12,7 +12,7 @@ from yatt.algorithms.objective import Algorithm
 from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 from yatt.trainers.torch_trainer import TorchTrainer
 
 pytestmark = needs_megatron

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from yatt.config import TrainerConfig
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 from yatt.trainers.torch_trainer import lr_factor
 
 

@@ -12,8 +12,8 @@ from yatt.algorithms.objective import Algorithm
 from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
-from yatt.trainers.batch import TokenBatch
-from yatt.balance.packing import micro_batch_rows
+from yatt.tensors import TokenBatch
+from yatt.balance.micro_batches import micro_batch_rows
 from yatt.trainers.packing import model_inputs, shared_prompts
 from yatt.trainers.torch_trainer import TorchTrainer
 

@@ -25,7 +25,7 @@ from yatt.engines.hf_engine import HFEngine
 from yatt.models.tiny_vl import write_tiny_vl_model
 from yatt.models.vision import ImageInputs, vision_parameter
 from yatt.quickstart.shapes import write_shapes_files
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 from yatt.trainers.torch_trainer import TorchTrainer
 
 WORLD = World(0, 1, 0, torch.device("cpu"))

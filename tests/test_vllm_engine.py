@@ -17,7 +17,8 @@ from engine_refs import (EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, nucl
                          two_policies)
 from transformers import AutoTokenizer
 
-from yatt.engines.base import SamplingSpec, weight_buckets
+from yatt.engines.base import SamplingSpec
+from yatt.tensors import weight_buckets
 from yatt.engines.client import (
     TORCHRUN_VARS,
     EngineClient,

@@ -96,9 +96,6 @@ class FileSource(Section):
                        self.answer_regex, self.images_key)
 
 
-JsonlSource = FileSource  # the name before JSON and Parquet files were readable
-
-
 class GymSource(Section):
     kind: Literal["reasoning_gym"]
     dataset: str = Field(description="reasoning-gym dataset name, e.g. basic_arithmetic.")
@@ -311,7 +308,7 @@ class TrainerConfig(Section):
 
 
 class BalanceConfig(Section):
-    """Moving rollouts between data-parallel ranks so each trains about the same work (DESIGN.md, principle 7)."""
+    """Moving rollouts between data-parallel ranks so each trains about the same work."""
 
     enabled: bool = Field(False, description="Rebalance rollouts across ranks after rewards, before logprobs.")
     attention_coef: float = Field(0.0, ge=0.0, description="Workload per sample is L + attention_coef * L^2 "

@@ -21,7 +21,7 @@ _SPEC = os.environ.get("YATT_TEST_KILL", "")
 if _SPEC and os.environ.get("RANK") == "0":
     from yatt.controllers.shard import ControllerShard
     from yatt.engines.pool import EnginePool
-    from yatt.placement.services import ROLLOUT, EngineServices
+    from yatt.placement.engine_lifecycle import ROLLOUT, EngineServices
 
     pending = {tuple((p.split("@")[0], int(p.split("@")[1]))) for p in _SPEC.split(",")}
     state = {"step": 0, "services": None, "evaluating": False}

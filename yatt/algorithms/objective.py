@@ -19,8 +19,8 @@ from yatt.algorithms.base import AdvantageInput
 from yatt.algorithms.kl import kl_estimate
 from yatt.algorithms.kl_control import KLController
 from yatt.algorithms.rollout_is import correction_weights, mismatch_metrics
-from yatt.trainers.base import LossFn
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import LossFn
+from yatt.tensors import TokenBatch
 
 if TYPE_CHECKING:
     from yatt.config import AlgorithmConfig

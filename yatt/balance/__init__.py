@@ -1,7 +1,7 @@
 """Load balancing across data-parallel ranks: workload model, partitioning, DP exchange, micro-batch packing."""
 
 from yatt.balance.exchange import Plan, exchange, gather_lengths, plan_rebalance, rebalance, restore_order
-from yatt.balance.packing import micro_batch_rows, pack_by_tokens, padded_tokens
+from yatt.balance.micro_batches import micro_batch_rows, pack_by_tokens, padded_tokens
 from yatt.balance.partition import (
     PARTITIONERS,
     get_partitioner,

@@ -1,6 +1,6 @@
 """DP rebalancing: move scored rollouts (yatt.data.rollout) between ranks so that every rank trains about the same work.
 
-Protocol (every rank runs the same code; DESIGN.md principles 1 and 7):
+Protocol (every rank runs the same code):
 1. `gather_lengths`: all_gather each rank's per-sample (prompt, response) token counts. Metadata only.
 2. `plan_rebalance`: every rank computes the same plan from that metadata. The partitioner is
    deterministic, and its parts are mapped to ranks so that as much work as possible stays in place.
@@ -25,7 +25,7 @@ import torch
 
 from yatt.balance.partition import get_partitioner
 from yatt.balance.workload import sample_workload
-from yatt.controllers.images import PromptImages
+from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.distributed import World
 

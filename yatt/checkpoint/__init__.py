@@ -1,4 +1,4 @@
-"""Asynchronous, crash-consistent checkpoints (DESIGN.md principle 6).
+"""Asynchronous, crash-consistent checkpoints.
 
 snapshot.py  state -> host-memory copies (+ a JSON tree), and back
 writer.py    background writer, staging dir, per-rank done markers, manifest, atomic rename, keep-K

@@ -21,7 +21,7 @@ from yatt.config import ExperimentConfig
 from yatt.controllers.critic import Critic
 from yatt.distributed import World
 from yatt.engines.client import spawn_engine
-from yatt.placement.services import EngineServices, Spawn
+from yatt.placement.engine_lifecycle import EngineServices, Spawn
 from yatt.trainers import TRAINERS
 from yatt.trainers.base import Trainer
 

@@ -18,8 +18,9 @@ from yatt.algorithms.gae import critic_targets
 from yatt.algorithms.value_loss import clipped_value_loss
 from yatt.controllers.minibatches import global_mini_batches
 from yatt.distributed import World
-from yatt.trainers.base import LossFn, Trainer
-from yatt.trainers.batch import TokenBatch
+from yatt.trainers.base import Trainer
+from yatt.tensors import LossFn
+from yatt.tensors import TokenBatch
 from yatt.trainers.critic_config import CriticConfig
 
 STATS = ("value_loss", "vf_clipfrac", "value_pred_mean")  # sums over the trained tokens, logged as means

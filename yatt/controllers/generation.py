@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from yatt.controllers.images import PromptImages
+from yatt.data.images import PromptImages
 from yatt.controllers.rollouts import group_rollouts
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow

@@ -9,25 +9,12 @@ rollouts (the G samples of a prompt share one object) and goes away with them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from yatt.data import images as image_files
 from yatt.data.rows import PromptRow
-from yatt.models.vision import ImageInputs, Pixels
-
-
-@dataclass
-class PromptImages:
-    engine_ids: list[int]  # the prompt with one placeholder per image (what engines receive)
-    images: list[bytes]  # the images' encoded bytes, in placeholder order
-    prompt_ids: list[int]  # the expanded prompt (what the model sees and the trainer scores)
-    pixels: Pixels  # the processor's image tensors, batch dimension 1
-
-    @property
-    def nbytes(self) -> int:
-        return sum(len(b) for b in self.images) + sum(t.numel() * t.element_size() for t in self.pixels.values())
+from yatt.data.images import PromptImages
+from yatt.models.vision import ImageInputs
 
 
 def load_batch_images(rows: list[PromptRow], inputs: ImageInputs | None, prompt_ids: list[list[int]]

@@ -19,7 +19,7 @@ class MetricsLogger:
     """Written by rank 0 only; other ranks hold a disabled logger so callers need no rank checks."""
 
     def __init__(self, path: Path, total_steps: int, enabled: bool, sinks: list = ()):
-        """`sinks`: more places every record goes (TensorBoard, wandb; yatt.controllers.watch)."""
+        """`sinks`: more places every record goes (TensorBoard, wandb; yatt.controllers.sinks)."""
         self.path, self.total_steps, self.enabled, self.sinks = path, total_steps, enabled, list(sinks)
         self.start = time.perf_counter()
         self._file = open(path, "a", encoding="utf-8") if enabled else None

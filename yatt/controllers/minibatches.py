@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from torch import Tensor
 
 from yatt.distributed import World
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 
 
 def global_mini_batches(world: World, batch: TokenBatch, epochs: list[list[Tensor]]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from yatt.controllers.images import PromptImages
+from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rows import PromptRow

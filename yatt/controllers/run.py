@@ -16,7 +16,7 @@ from yatt.config_loading import dump_config
 from yatt.controllers.components import build_components
 from yatt.controllers.metrics import MetricsLogger, keep_metrics_until
 from yatt.controllers.samples import SamplesWriter, keep_samples_until
-from yatt.controllers.watch import open_sinks
+from yatt.controllers.sinks import open_sinks
 from yatt.controllers.shard import ControllerShard
 from yatt.data.prepare import load_rank_data
 from yatt.distributed import World, data_parallel_world

@@ -41,9 +41,9 @@ from yatt.models.vision import ImageInputs, is_vision_model
 from yatt.placement.metrics import device_metrics, judge_metrics, maxed, pool_metrics, summed
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
-from yatt.placement.services import ROLLOUT, genrm_role
-from yatt.trainers.base import LossFn
-from yatt.trainers.batch import TokenBatch
+from yatt.placement.engine_lifecycle import ROLLOUT, genrm_role
+from yatt.tensors import LossFn
+from yatt.tensors import TokenBatch
 
 
 def _recording(loss_fn: LossFn, old_logprobs: Tensor, entropy: Tensor) -> LossFn:

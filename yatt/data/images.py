@@ -17,9 +17,14 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from yatt.data.errors import DataError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 IMAGE_PLACEHOLDER = "<image>"
 _DATA_URI = "data:"
@@ -94,3 +99,15 @@ def check_row_images(refs: list[str], where: str) -> None:
     """Read and decode each image once (then drop it): a missing or corrupt image fails before engines start."""
     for ref in refs:
         decode_image(read_image_bytes(ref, where), ref, where)
+
+
+@dataclass
+class PromptImages:
+    engine_ids: list[int]  # the prompt with one placeholder per image (what engines receive)
+    images: list[bytes]  # the images' encoded bytes, in placeholder order
+    prompt_ids: list[int]  # the expanded prompt (what the model sees and the trainer scores)
+    pixels: dict[str, Tensor]  # the processor's image tensors, batch dimension 1
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(b) for b in self.images) + sum(t.numel() * t.element_size() for t in self.pixels.values())

@@ -9,11 +9,6 @@ from typing import Any, Protocol
 
 import torch
 
-NamedTensors = list[tuple[str, torch.Tensor]]  # weights under Hugging Face parameter names
-# the config's dtype names (engine.dtype, trainer.dtype) -> torch dtypes
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 @dataclass
 class SamplingSpec:
     """Backend-neutral sampling settings for one generate call.
@@ -119,29 +114,3 @@ def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: Sampling
         done.update(engine.step())
     return [done[i] for i in ids]
 
-
-_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
-
-
-def weight_buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[NamedTensors]:
-    """Split into buckets of at most ``max_bytes``, never splitting one decoder layer.
-
-    vLLM reloads fused modules (qkv_proj, gate_up_proj) layer by layer: a module that receives only some
-    of its parts in one reload is silently left half-updated. Keeping each ``*.layers.N.*`` group (or each
-    module outside the layers) whole avoids that; a group larger than ``max_bytes`` is a bucket alone.
-    """
-    groups: dict[str, NamedTensors] = {}
-    for name, t in named_tensors:
-        m = _LAYER.match(name)
-        groups.setdefault(m.group(1) if m else name.rpartition(".")[0], []).append((name, t))
-    bucket: NamedTensors = []
-    size = 0
-    for items in groups.values():
-        n = sum(t.numel() * t.element_size() for _, t in items)
-        if bucket and size + n > max_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.extend(items)
-        size += n
-    if bucket:
-        yield bucket

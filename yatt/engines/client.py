@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 import yatt
-from yatt.engines.base import DTYPES, Completion, SamplingSpec, weight_buckets
+from yatt.engines.base import Completion, SamplingSpec
+from yatt.tensors import DTYPES, weight_buckets
 from yatt.engines.config import EngineConfig
 from yatt.engines.server import advertised_address
 from yatt.transport.codec import new_secret

@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from yatt.engines.base import DTYPES, Completion, SamplingSpec
+from yatt.engines.base import Completion, SamplingSpec
+from yatt.tensors import DTYPES
 from yatt.engines.config import EngineConfig
 from yatt.models.vision import ImageInputs, Pixels, is_vision_model, load_policy
 

@@ -67,11 +67,6 @@ class SFTConfig(BaseModel):
     seed: int = Field(0, description="Seed of the model initialisation and of the data order.")
 
 
-def encode_rows(rows: list[PromptRow], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids, and labels that are -100 except on the response (yatt.data.sft)."""
-    return encode_examples(rows, tokenizer)
-
-
 @torch.inference_mode()
 def greedy_decode(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int) -> torch.Tensor:
     """Batched greedy decoding with a KV cache for prompts of equal length (no padding needed)."""

@@ -21,15 +21,9 @@ from typing import Any, Callable, Protocol
 
 from torch import Tensor
 
-from yatt.engines.base import NamedTensors
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import NamedTensors
+from yatt.tensors import TokenBatch
 
-# (logprobs [B, L-1] float32 with grad: log-prob of each target token under softmax(logits / mb.temperature)
-#  -- with head="value" the value of each target token's prefix instead --,
-#  entropy [B, L-1] with grad or None (only when train_mini_batch was asked for it), the micro-batch)
-#  -> (loss, {stat: sum over its tokens}).  Backends never hand full-vocabulary logits to a loss: they may
-#  compute these per-token values in chunks, packed, or sharded over the vocabulary.
-LossFn = Callable[[Tensor, Tensor | None, TokenBatch], tuple[Tensor, dict[str, float]]]
 
 
 class Trainer(Protocol):

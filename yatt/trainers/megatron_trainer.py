@@ -29,15 +29,15 @@ from safetensors.torch import load_file
 from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from yatt.balance.packing import micro_batch_rows
+from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
-from yatt.engines.base import DTYPES, NamedTensors
+from yatt.tensors import DTYPES, NamedTensors
 from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.models.vision import is_vision_model
-from yatt.trainers.base import LossFn
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import LossFn
+from yatt.tensors import TokenBatch
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets
 from yatt.trainers.packing import model_inputs

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from yatt.engines.base import NamedTensors
+from yatt.tensors import NamedTensors
 from yatt.trainers import megatron_model as mm
 
 _EXTRAS = ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight")

@@ -35,7 +35,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 
 ATTENTION = "yatt_packed"
 

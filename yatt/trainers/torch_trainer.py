@@ -23,13 +23,13 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoConfig, AutoModelForTokenClassification
 
-from yatt.balance.packing import micro_batch_rows
+from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
-from yatt.engines.base import DTYPES, NamedTensors, weight_buckets
+from yatt.tensors import DTYPES, NamedTensors, weight_buckets
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
-from yatt.trainers.base import LossFn
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import LossFn
+from yatt.tensors import TokenBatch
 from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer
 

@@ -32,11 +32,9 @@ from yatt.transport.curve import derive_keys, secure_client, secure_server, star
 
 log = logging.getLogger(__name__)
 
-BUILTIN_METHODS = frozenset({"rpc_stats", "shutdown"})
 MAX_FRAMES = 4096
 MAX_MESSAGE_BYTES = 1 << 30
 MAX_SESSIONS = 4096  # client sockets remembered for replay checks (oldest forgotten first)
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class RemoteError(Exception):

@@ -9,7 +9,7 @@ import pytest
 from yatt.config import RunConfig
 from yatt.controllers.metrics import MetricsLogger
 from yatt.controllers.samples import sample_records
-from yatt.controllers.watch import open_sinks
+from yatt.controllers.sinks import open_sinks
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.plot import plot_run

@@ -1,6 +1,6 @@
 """How often a judge agrees with the rule verifier on responses a real policy samples.
 
-    python -m yatt.genrm.agreement --config configs/quickstart_genrm.yaml [--samples 8] [--out FILE.json]
+    python launch/judge_agreement.py --config configs/quickstart_genrm.yaml [--samples 8] [--out FILE.json]
 
 The policy (the config's model) samples `--samples` responses per held-out prompt with the config's
 rollout settings; every judge of the config reads them; each verdict is compared with the
@@ -12,19 +12,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from yatt.config import load_experiment
-from yatt.controllers.rollouts import encode_prompts, generate_rollouts
-from yatt.data.sources import load_shard
-from yatt.engines.base import SamplingSpec
-from yatt.engines.client import spawn_engine
-from yatt.engines.pool import EnginePool
-from yatt.genrm.judge import Judge
-from yatt.rewards.rules import score as rule_score
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from yatt.config import load_experiment  # noqa: E402
+from yatt.controllers.rollouts import encode_prompts, generate_rollouts  # noqa: E402
+from yatt.data.sources import load_shard  # noqa: E402
+from yatt.engines.base import SamplingSpec  # noqa: E402
+from yatt.engines.client import spawn_engine  # noqa: E402
+from yatt.engines.pool import EnginePool  # noqa: E402
+from yatt.genrm.judge import Judge  # noqa: E402
+from yatt.rewards.rules import score as rule_score  # noqa: E402
 
 
 def measure(config: str, samples: int, seed: int = 0) -> dict:

@@ -1,5 +1,9 @@
-"""Token batches: prompt+response sequences, right-padded, with per-token tensors aligned to targets.
+"""The types several layers share: token batches, loss functions, named weights, dtypes, weight buckets.
 
+Nothing here imports another yatt module, so algorithms, balance, checkpoint, data, engines, trainers and the
+controllers can all speak these types without importing each other (docs/architecture.md has the layering).
+
+A `TokenBatch` holds prompt+response sequences, right-padded, with per-token tensors aligned to targets.
 Per-token tensors have shape [B, L-1]: column t belongs to target token input_ids[:, t+1], predicted
 from the logits at position t. `mask` is 1 where that target is a response token. A batch of image prompts
 also carries `pixels`: the processor's image tensors, one row per sequence (yatt.models.vision).
@@ -7,10 +11,17 @@ also carries `pixels`: the processor's image tensors, one row per sequence (yatt
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
+
+NamedTensors = list[tuple[str, torch.Tensor]]  # weights under Hugging Face parameter names
+# the config's dtype names (engine.dtype, trainer.dtype) -> torch dtypes
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -69,3 +80,38 @@ class TokenBatch:
         return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device),
                           {k: v.to(device) for k, v in self.extras.items()}, self.temperature,
                           {k: v.to(device) for k, v in self.pixels.items()})
+
+
+# (logprobs [B, L-1] float32 with grad: log-prob of each target token under softmax(logits / mb.temperature)
+#  -- with head="value" the value of each target token's prefix instead --,
+#  entropy [B, L-1] with grad or None (only when train_mini_batch was asked for it), the micro-batch)
+#  -> (loss, {stat: sum over its tokens}).  Backends never hand full-vocabulary logits to a loss: they may
+#  compute these per-token values in chunks, packed, or sharded over the vocabulary.
+LossFn = Callable[[Tensor, Tensor | None, TokenBatch], tuple[Tensor, dict[str, float]]]
+
+
+_LAYER = re.compile(r"^(.*?\.layers\.\d+)\.")
+
+
+def weight_buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[NamedTensors]:
+    """Split into buckets of at most ``max_bytes``, never splitting one decoder layer.
+
+    vLLM reloads fused modules (qkv_proj, gate_up_proj) layer by layer: a module that receives only some
+    of its parts in one reload is silently left half-updated. Keeping each ``*.layers.N.*`` group (or each
+    module outside the layers) whole avoids that; a group larger than ``max_bytes`` is a bucket alone.
+    """
+    groups: dict[str, NamedTensors] = {}
+    for name, t in named_tensors:
+        m = _LAYER.match(name)
+        groups.setdefault(m.group(1) if m else name.rpartition(".")[0], []).append((name, t))
+    bucket: NamedTensors = []
+    size = 0
+    for items in groups.values():
+        n = sum(t.numel() * t.element_size() for _, t in items)
+        if bucket and size + n > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.extend(items)
+        size += n
+    if bucket:
+        yield bucket

@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from yatt.distributed import World, close_world
-from yatt.placement.run_secret import (FINGERPRINT_KEY, SECRET_ENV, SECRET_FILE, SECRET_FILE_ENV, RunSecretError,
+from yatt.transport.secret import (FINGERPRINT_KEY, SECRET_ENV, SECRET_FILE, SECRET_FILE_ENV, RunSecretError,
                                        provided_secret, read_secret_file, run_secret)
-from yatt.placement.services import ROLLOUT, derive_secret
+from yatt.placement.engine_lifecycle import ROLLOUT, derive_secret
 
 
 def _free_port() -> int:

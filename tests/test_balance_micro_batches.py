@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from yatt.balance.packing import micro_batch_rows, pack_by_tokens, padded_tokens
+from yatt.balance.micro_batches import micro_batch_rows, pack_by_tokens, padded_tokens
 from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.algorithms.objective import Algorithm
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
-from yatt.trainers.batch import TokenBatch
+from yatt.tensors import TokenBatch
 from yatt.trainers.torch_trainer import TorchTrainer
 
 

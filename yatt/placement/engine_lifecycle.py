@@ -3,7 +3,7 @@
 Each rank starts one rollout engine and one engine per judge on its own device (on GPU the idle
 one sleeps). Endpoints are published through torchrun's key-value store, so any controller can
 reach any engine without configuration. Every engine's secret is derived from one per-run secret
-(`yatt.placement.run_secret`: from the launcher's environment or an owner-only file, never through the
+(`yatt.transport.secret`: from the launcher's environment or an owner-only file, never through the
 store, which anyone who reaches the rendezvous port can read), so a process outside the run cannot talk
 to the engines, and the engines of one run cannot be confused with another's.
 """
@@ -19,12 +19,12 @@ from typing import Callable
 
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
-from yatt.engines.base import NamedTensors
+from yatt.tensors import NamedTensors
 from yatt.engines.client import EngineClient, EngineDied, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import judge_engine
-from yatt.placement.run_secret import run_secret
+from yatt.transport.secret import run_secret
 
 ROLLOUT = "rollout"
 
@@ -81,12 +81,6 @@ class EngineServices:
     @property
     def rollout(self) -> EngineClient:
         return self.local[ROLLOUT]
-
-    def rollouts(self) -> list[EngineClient]:
-        return [self.local[role] for role in self.rollout_roles]
-
-    def genrm_engines(self) -> list[EngineClient]:
-        return [c for role, c in self.local.items() if role not in self.rollout_roles]
 
     def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
         """Load the policy's weights into this rank's rollout engines, one bucket at a time.
