@@ -1,34 +1,70 @@
-"""Named components the config chooses between: trainer backends, rollout engines, algorithm parts.
+"""Named components the config chooses between: one `Registry` kind for every pluggable set.
 
-A registry maps a name to its implementation, given as ``"module:attribute"`` so that reading a config
-(which checks the name) never imports torch, vLLM or megatron. Adding a backend is one new file and one
-line in its registry; the config's allowed values are the registry's names.
+Trainer backends, rollout engines, advantage estimators, policy losses, KL estimators, verifiers,
+partitioners and file readers each live in a registry that maps a name to its implementation, given as
+``"module:attribute"`` so that reading a config (which checks the name) never imports torch, vLLM or megatron.
+Adding one is one new file and one `register` line (or one entry in the registry's table).
+
+Code outside yatt plugs in without editing it, two ways:
+- by import path in the YAML: any value a registry checks may be ``"my_pkg.module:attr"`` itself
+  (e.g. ``trainer.backend: my_pkg.trainer:MyTrainer``); the module is imported when the config is checked;
+- by calling ``REGISTRY.register("name", "my_pkg.module:attr")`` (or with the object) before the config loads.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from typing import Any
+
+# a Python import path and an attribute: "pkg.module:attr"
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def is_import_path(name: str) -> bool:
+    return bool(_IMPORT_PATH.match(name))
+
+
+def load_object(path: str) -> Any:
+    """The object at ``"pkg.module:attr"`` (attr may be dotted). Errors name the path and what is missing."""
+    module_name, _, attr = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cannot import {module_name!r} (from {path!r}): {err}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"{module_name!r} has no attribute {attr!r} (from {path!r})") from None
+    return obj
 
 
 class Registry:
-    def __init__(self, field: str, entries: dict[str, str]):
+    def __init__(self, field: str, entries: dict[str, Any] | None = None):
         self.field = field  # the config key that selects an entry, for error messages
-        self._entries = dict(entries)
+        self._entries: dict[str, Any] = dict(entries or {})  # name -> "module:attr" or the object itself
 
     def names(self) -> list[str]:
         return sorted(self._entries)
 
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries or is_import_path(name)
+
     def check(self, name: str) -> str:
-        """`name` if registered; else a ValueError listing the registered names (a config error)."""
-        if name not in self._entries:
-            raise ValueError(f"unknown {self.field} {name!r}; registered: {', '.join(self.names())}")
+        """`name` if registered or an import path; else a ValueError listing the registered names."""
+        if name not in self:
+            raise ValueError(f"unknown {self.field} {name!r}; registered: {', '.join(self.names())} "
+                             "(or an import path 'package.module:attr')")
         return name
 
     def get(self, name: str) -> Any:
-        module, _, attr = self._entries[self.check(name)].partition(":")
-        return getattr(importlib.import_module(module), attr)
+        """The implementation of `name`, importing it on first use (an import path loads directly)."""
+        target = self._entries.get(name, name) if name in self._entries else self.check(name)
+        return load_object(target) if isinstance(target, str) else target
 
-    def register(self, name: str, target: str) -> None:
-        """Add an entry at run time (a plug-in outside yatt, or a test's fake)."""
+    def register(self, name: str, target: Any) -> None:
+        """Add an entry: `target` is ``"module:attr"`` (imported on first use) or the object itself."""
+        if isinstance(target, str) and not is_import_path(target):
+            raise ValueError(f"{self.field}: register({name!r}, {target!r}): expected 'package.module:attr'")
         self._entries[name] = target
