@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 import torch
+
 
 @dataclass
 class SamplingSpec:

@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from torch import Tensor
 
-from yatt.tensors import NamedTensors
-from yatt.tensors import TokenBatch
-
+from yatt.tensors import LossFn, NamedTensors, TokenBatch
 
 
 class Trainer(Protocol):
