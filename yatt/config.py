@@ -4,9 +4,9 @@ Every section forbids unknown keys, so a typo fails at start-up with the field a
 (see yatt.config_loading). Which implementation a component uses (trainer.backend,
 rollout.engine.backend, algorithm.advantage.kind, algorithm.policy_loss.kind) is checked against its
 registry, so the allowed values are whatever is registered, or an import path 'pkg.module:attr' to a plug-in
-(imported when checked; see docs/extending.md). Validation only reads the config itself (reward.verifiers are
-loaded later, when the run reads its data):
-cross-section rules live in `ExperimentConfig._check_combinations`; rules that need the world size or
+(imported when checked; see docs/extending.md). Validation reads only the config itself and the plug-ins it
+names (reward.verifiers are imported later, when the run reads its data): cross-section rules live in
+`ExperimentConfig._check_combinations`; rules that need the world size or
 the files the config names (model folders, data files) live in `check_run`, which the launcher calls
 before anything starts.
 """
