@@ -27,7 +27,7 @@ from yatt.engines.base import SamplingSpec  # noqa: E402
 from yatt.engines.client import spawn_engine  # noqa: E402
 from yatt.engines.pool import EnginePool  # noqa: E402
 from yatt.genrm.judge import Judge  # noqa: E402
-from yatt.rewards.rules import score as rule_score  # noqa: E402
+from yatt.rewards.rules import score as rule_score, use_verifiers  # noqa: E402
 
 
 def measure(config: str, samples: int, seed: int = 0) -> dict:
@@ -36,6 +36,7 @@ def measure(config: str, samples: int, seed: int = 0) -> dict:
         raise SystemExit(f"{config}: needs data.eval and at least one reward.judges entry")
     tokenizer = AutoTokenizer.from_pretrained(str(cfg.model.path))
     rows = load_shard(cfg.data.eval, 0, 1, limit=cfg.data.eval_prompts)
+    use_verifiers(cfg.reward.verifiers, rows)  # the config's own verifiers score the rows too
     logs = Path(tempfile.mkdtemp(prefix="yatt-agreement-"))
     sampling = SamplingSpec(n=samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                             max_tokens=cfg.rollout.max_new_tokens, stop_token_ids=[tokenizer.eos_token_id],

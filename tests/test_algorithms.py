@@ -64,7 +64,7 @@ def test_grpo_wrong_n_raises_and_registry():
     with pytest.raises(ValueError, match="divisible"):
         grpo_advantages(T([1.0, 0.0, 1.0]), 2)
     assert ADVANTAGES.get("grpo") is GRPO and GRPO.needs_groups
-    with pytest.raises(ValueError, match="unknown algorithm.advantage.kind 'nope'; registered: gae, grpo"):
+    with pytest.raises(ValueError, match="unknown algorithm.advantage.kind 'nope'; registered: gae, gpg, grpo"):
         ADVANTAGES.get("nope")
 
 
@@ -205,8 +205,10 @@ def test_ppo_masked_tokens_and_stats():
     lp = T([[0.5, -1.0, 50.0]])
     loss, st = ppo_clip_loss(lp, torch.zeros_like(lp), T([1.0]), T([[1, 1, 0]]))
     assert loss[0, 2] == 0.0
-    # approx_kl = mean(.5*.25, .5*1) = (.125+.5)/2 = .3125 ; ratio_mean = (e^.5 + e^-1)/2
-    close(st["approx_kl"], 0.3125)
+    # approx_kl = k1 = mean(old - new) = (-.5 + 1)/2 = .25; approx_kl_k2 = mean(.5*.25, .5*1) = .3125;
+    # ratio_mean = (e^.5 + e^-1)/2
+    close(st["approx_kl"], 0.25)
+    close(st["approx_kl_k2"], 0.3125)
     close(st["ratio_mean"], (math.exp(0.5) + math.exp(-1.0)) / 2)
     # A=1: e^.5=1.6487 -> clipped to 1.2; e^-1=.3679 -> loss1 -.3679 > loss2 -.8, not clipped
     close(loss, T([[-1.2, -math.exp(-1.0), 0.0]]))

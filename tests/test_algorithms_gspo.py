@@ -23,7 +23,9 @@ def test_sequence_ratio_and_clipping():
     close(loss, [[-1.2, -1.2], [math.exp(-0.1), 0.0]])
     close(st["clip_frac"], 2 / 3)  # 2 of the 3 valid tokens belong to the clipped sequence
     close(st["ratio_mean"], (2 * math.exp(0.2) + math.exp(-0.1)) / 3)
-    close(st["approx_kl"], 0.5 * (0.01 + 0.09 + 0.01) / 3)
+    # k1 of the sequence ratios, over tokens: -(.2 + .2 - .1)/3 = -.1; k2: .5 * (.04 + .04 + .01)/3 = .015
+    close(st["approx_kl"], -0.1)
+    close(st["approx_kl_k2"], 0.015)
     assert POLICY_LOSSES.get("gspo") is GSPO and set(st) == set(GSPO.stats)
 
 

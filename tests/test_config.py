@@ -67,11 +67,11 @@ def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_pat
     path = write_config(tmp_path, model_dir)
     cases = {"trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: megatron, torch",
              "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
-             "algorithm.advantage.kind=ppo": ("unknown algorithm.advantage.kind 'ppo'; registered: gae, grpo, "
-                                              "reinforce_pp, reinforce_pp_baseline, remax, rloo"),
+             "algorithm.advantage.kind=ppo": ("unknown algorithm.advantage.kind 'ppo'; registered: gae, gpg, grpo, "
+                                              "grpo_passk, opo, reinforce_pp, reinforce_pp_baseline, remax, rloo"),
              "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: gspo, ppo_clip",
              "algorithm.loss_agg=sum": "unknown algorithm.loss_agg 'sum'",
-             "algorithm.kl_estimator=k4": "unknown algorithm.kl_estimator 'k4'; one of: k1, k2, k3"}
+             "algorithm.kl_estimator=k4": "unknown algorithm.kl_estimator 'k4'; registered: abs, k1, k1+, k2, k3, k3+"}
     for override, message in cases.items():
         with pytest.raises(ConfigError) as err:
             load_experiment(path, [override])

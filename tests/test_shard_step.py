@@ -130,7 +130,8 @@ def test_step_trains_on_the_engine_samples_and_syncs_the_weights(shard):
 def test_the_step_follows_the_configured_algorithm(shard):
     shard, _ = shard
     assert shard.algorithm.estimator.config.__name__ == "GRPOConfig"
-    assert shard.algorithm.stats == ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl")
+    assert shard.algorithm.stats == ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl",
+                                     "approx_kl_k2")
     state = shard.state_dict()
     assert shard.replicated == ("trainer",) and set(state) >= {"trainer", "train_stream", "rng", "progress"}
 

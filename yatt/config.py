@@ -3,8 +3,10 @@
 Every section forbids unknown keys, so a typo fails at start-up with the field and file named
 (see yatt.config_loading). Which implementation a component uses (trainer.backend,
 rollout.engine.backend, algorithm.advantage.kind, algorithm.policy_loss.kind) is checked against its
-registry, so the allowed values are whatever is registered. Validation only reads the config itself:
-cross-section rules live in `ExperimentConfig._check_combinations`; rules that need the world size or
+registry, so the allowed values are whatever is registered, or an import path 'pkg.module:attr' to a plug-in
+(imported when checked; see docs/extending.md). Validation reads only the config itself and the plug-ins it
+names (reward.verifiers are imported later, when the run reads its data): cross-section rules live in
+`ExperimentConfig._check_combinations`; rules that need the world size or
 the files the config names (model folders, data files) live in `check_run`, which the launcher calls
 before anything starts.
 """
@@ -18,9 +20,11 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidator, SerializeAsAny, Tag, field_validator,
+                      model_validator)
 
 from yatt.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from yatt.algorithms.base import ComponentConfig
 from yatt.algorithms.grpo import GRPOConfig
 from yatt.algorithms.kl_control import KLControlConfig
 from yatt.algorithms.rollout_is import RolloutISConfig
@@ -30,7 +34,7 @@ from yatt.config_loading import ConfigError, load_config
 from yatt.engines.config import EngineConfig
 from yatt.genrm.config import JudgeConfig
 from yatt.genrm.mixing import MixMode
-from yatt.registry import Registry
+from yatt.registry import Registry, is_import_path
 from yatt.trainers import TRAINERS
 from yatt.trainers.critic_config import CriticConfig
 
@@ -155,6 +159,18 @@ class RewardConfig(Section):
         "mean; genrm_with_rule: the weighted mean of the rule score (rule_weight) and the judges.")
     rule_weight: float = Field(1.0, ge=0.0, description="Weight of the rule score in genrm_with_rule.")
     judges: list[JudgeConfig] = Field(default_factory=list, description="Generative reward models (GenRM).")
+    verifiers: dict[str, str] = Field(default_factory=dict, description="Your own rule verifiers by data_source "
+                                      "name, e.g. {my_task: 'my_pkg.rewards:score'}: rows whose data_source is "
+                                      "my_task are scored by score(response, row) -> float in [0, 1]. Imported when "
+                                      "the run reads its data (yatt.rewards.rules), not when the config is checked.")
+
+    @field_validator("verifiers")
+    @classmethod
+    def _import_paths(cls, verifiers: dict[str, str]) -> dict[str, str]:
+        for name, path in verifiers.items():
+            if not is_import_path(path):
+                raise ValueError(f"reward.verifiers.{name}: {path!r} is not an import path 'pkg.module:function'")
+        return verifiers
 
     @model_validator(mode="after")
     def _judges_match_kind(self) -> "RewardConfig":
@@ -183,18 +199,33 @@ class DynamicSamplingConfig(Section):
         return self
 
 
+PLUGIN = "plugin"  # the union member of a section whose kind is an import path (or registered later)
+
+
 def _section_of(registry: Registry, default: str) -> Any:
     """The config type of a registry's entries: the union of their sections, told apart by `kind`; a section
-    without `kind` (e.g. from an override `algorithm.policy_loss.clip_high=0.28`) is the `default` entry's."""
+    without `kind` (e.g. from an override `algorithm.policy_loss.clip_high=0.28`) is the `default` entry's.
+
+    A kind not in the registry's table when this module loaded (an import path "pkg.module:ESTIMATOR", or a
+    name registered afterwards) is validated against that entry's own `config` class, which the entry is
+    loaded (imported) for: a plug-in gets its own typed section, checked like the built-in ones."""
     names = registry.names()
-    if len(names) == 1:
-        return registry.get(names[0]).config
 
     def kind_of(value: Any) -> str:
-        return value.get("kind", default) if isinstance(value, dict) else getattr(value, "kind", default)
+        kind = value.get("kind", default) if isinstance(value, dict) else getattr(value, "kind", default)
+        return kind if kind in names else PLUGIN
+
+    def plugin_section(value: Any) -> ComponentConfig:
+        kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
+        config = getattr(registry.get(kind), "config", None)
+        if not (isinstance(config, type) and issubclass(config, ComponentConfig)):
+            raise ValueError(f"{registry.field} {kind!r} has no `config` section class (a subclass of "
+                             "yatt.algorithms.base.ComponentConfig); see yatt.algorithms.base")
+        return value if isinstance(value, config) else config.model_validate(value)
 
     sections = tuple(Annotated[registry.get(name).config, Tag(name)] for name in names)
-    return Annotated[Union[sections], Discriminator(kind_of)]
+    plugin = Annotated[SerializeAsAny[ComponentConfig], PlainValidator(plugin_section), Tag(PLUGIN)]
+    return Annotated[Union[sections + (plugin,)], Discriminator(kind_of)]
 
 
 def _check_kind(registry: Registry, section: Any) -> None:
@@ -203,20 +234,19 @@ def _check_kind(registry: Registry, section: Any) -> None:
         registry.check(section["kind"])
 
 
-def _check_choice(field: str, value: str, allowed) -> str:
-    if value not in allowed:
-        raise ValueError(f"unknown {field} {value!r}; one of: {', '.join(sorted(allowed))}")
-    return value
-
-
 class AlgorithmConfig(Section):
     advantage: _section_of(ADVANTAGES, "grpo") = Field(  # type: ignore[valid-type]
-        default_factory=GRPOConfig, description="Advantage estimator: {kind: <registered name>, its fields}.")
+        default_factory=GRPOConfig, description="Advantage estimator: {kind: <registered name>, its fields}; "
+        "kind may be an import path 'pkg.module:ESTIMATOR' (an AdvantageEstimator, yatt.algorithms.base).")
     policy_loss: _section_of(POLICY_LOSSES, "ppo_clip") = Field(  # type: ignore[valid-type]
-        default_factory=PPOClipConfig, description="Policy loss: {kind: <registered name>, its fields}.")
-    loss_agg: str = Field("token-mean", description=f"How token losses become one: {', '.join(LOSS_AGGREGATIONS)}.")
+        default_factory=PPOClipConfig, description="Policy loss: {kind: <registered name>, its fields}; kind may be "
+        "an import path 'pkg.module:LOSS' (a PolicyLoss, yatt.algorithms.base).")
+    loss_agg: str = Field("token-mean", description=f"How token losses become one: {', '.join(LOSS_AGGREGATIONS)}, "
+                          "or an import path 'pkg.module:function' (see yatt.algorithms.aggregation).")
     kl_coef: float = Field(0.0, ge=0.0, description="0 disables KL and the reference model.")
-    kl_estimator: str = Field("k3", description=f"KL estimator: {', '.join(sorted(KL_ESTIMATORS))}.")
+    kl_estimator: str = Field("k3", description=f"KL estimator: {', '.join(KL_ESTIMATORS)} (k1+/k3+: the value "
+                              "of k1/k3 with the gradient of k2), or an import path 'pkg.module:function' taking "
+                              "(logprobs, ref_logprobs).")
     kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term or as a reward penalty "
                                                "(reinforce_pp*: per-token reward shaping).")
     kl_control: KLControlConfig = Field(default_factory=KLControlConfig, description="Fixed or adaptive KL "
@@ -245,12 +275,12 @@ class AlgorithmConfig(Section):
     @field_validator("loss_agg")
     @classmethod
     def _known_agg(cls, value: str) -> str:
-        return _check_choice("algorithm.loss_agg", value, LOSS_AGGREGATIONS)
+        return LOSS_AGGREGATIONS.check(value)
 
     @field_validator("kl_estimator")
     @classmethod
     def _known_kl(cls, value: str) -> str:
-        return _check_choice("algorithm.kl_estimator", value, KL_ESTIMATORS)
+        return KL_ESTIMATORS.check(value)
 
 
 class MegatronConfig(Section):
@@ -313,7 +343,8 @@ class BalanceConfig(Section):
     enabled: bool = Field(False, description="Rebalance rollouts across ranks after rewards, before logprobs.")
     attention_coef: float = Field(0.0, ge=0.0, description="Workload per sample is L + attention_coef * L^2 "
                                   "(L = prompt + response tokens); raise it when attention dominates.")
-    partitioner: str = Field("kk", description="kk: Karmarkar-Karp; greedy: LPT (yatt.balance.partition).")
+    partitioner: str = Field("kk", description="kk: Karmarkar-Karp; greedy: LPT (yatt.balance.partition); or an "
+                             "import path 'pkg.module:function' taking (weights, k, equal_count=).")
     equal_count: bool = Field(False, description="Also give every rank the same number of units (+-1).")
     keep_groups: bool | None = Field(None, description="Move whole groups (all samples of a prompt); None: "
                                      "when the advantage estimator needs them (grpo does).")
@@ -321,7 +352,7 @@ class BalanceConfig(Section):
     @field_validator("partitioner")
     @classmethod
     def _known_partitioner(cls, value: str) -> str:
-        return _check_choice("balance.partitioner", value, PARTITIONERS)
+        return PARTITIONERS.check(value)
 
 
 class PlacementConfig(Section):

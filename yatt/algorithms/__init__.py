@@ -2,7 +2,9 @@
 
 Per-token tensors are [B, T] with a mask [B, T] (1 = response token); nothing here mutates inputs.
 `ADVANTAGES` and `POLICY_LOSSES` name the estimators and losses the config may choose
-(`algorithm.advantage.kind`, `algorithm.policy_loss.kind`); each entry is one file (see `base.py`).
+(`algorithm.advantage.kind`, `algorithm.policy_loss.kind`); each entry is one file (see `base.py`). `KL_ESTIMATORS`
+(kl.py) and `LOSS_AGGREGATIONS` (aggregation.py) are registries too; every one also takes an import path
+'pkg.module:attr' to code outside yatt (docs/extending.md).
 """
 
 from yatt.algorithms.advantages import broadcast_to_tokens
@@ -25,6 +27,9 @@ ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
     "reinforce_pp": "yatt.algorithms.reinforce_pp:REINFORCE_PP",
     "reinforce_pp_baseline": "yatt.algorithms.reinforce_pp:REINFORCE_PP_BASELINE",
     "gae": "yatt.algorithms.gae:GAE",
+    "opo": "yatt.algorithms.opo:OPO",
+    "gpg": "yatt.algorithms.gpg:GPG",
+    "grpo_passk": "yatt.algorithms.grpo_passk:GRPO_PASSK",
 })
 POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
     "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",

@@ -1,5 +1,5 @@
-"""Masked reductions (and a global whitening over all ranks), loss aggregation modes, and logits -> entropy /
-log-prob helpers."""
+"""Masked reductions (and a global whitening over all ranks), loss aggregation modes (`LOSS_AGGREGATIONS`, chosen
+by algorithm.loss_agg), and logits -> entropy / log-prob helpers."""
 
 from __future__ import annotations
 
@@ -8,17 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from yatt.registry import Registry
+
 if TYPE_CHECKING:
     from yatt.distributed import World
 
 EPS = 1e-8  # added to the variance by global_whiten, as OpenRLHF's masked_normalize does
-
-LOSS_AGGREGATIONS: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -56,6 +51,41 @@ def global_whiten(x: Tensor, mask: Tensor, world: World | None, eps: float = EPS
     return torch.where(mask.bool(), (x - mean) / (var + eps) ** 0.5, 0.0)
 
 
+def _token_mean(token_loss: Tensor, mask: Tensor, num_tokens, num_seqs, norm_length) -> Tensor:
+    denom = num_tokens if num_tokens is not None else mask.to(token_loss.dtype).sum().clamp_min(1.0)
+    return masked_sum(token_loss, mask) / denom
+
+
+def _seq_mean(per_seq: Tensor, num_seqs) -> Tensor:
+    denom = num_seqs if num_seqs is not None else max(per_seq.shape[0], 1)
+    return per_seq.sum() / denom
+
+
+def _seq_mean_token_sum(token_loss: Tensor, mask: Tensor, num_tokens, num_seqs, norm_length) -> Tensor:
+    return _seq_mean(masked_sum(token_loss, mask, dim=-1), num_seqs)
+
+
+def _seq_mean_token_mean(token_loss: Tensor, mask: Tensor, num_tokens, num_seqs, norm_length) -> Tensor:
+    lengths = mask.to(token_loss.dtype).sum(dim=-1).clamp_min(1.0)
+    return _seq_mean(masked_sum(token_loss, mask, dim=-1) / lengths, num_seqs)
+
+
+def _seq_mean_token_sum_norm(token_loss: Tensor, mask: Tensor, num_tokens, num_seqs, norm_length) -> Tensor:
+    length = token_loss.shape[-1] if norm_length is None else norm_length
+    if length <= 0:
+        raise ValueError(f"norm_length must be > 0, got {length}")
+    return _seq_mean(masked_sum(token_loss, mask, dim=-1) / length, num_seqs)
+
+
+# mode -> (token_loss [B, T], mask [B, T], num_tokens, num_seqs, norm_length) -> scalar loss
+LOSS_AGGREGATIONS: Registry = Registry("algorithm.loss_agg", {
+    "token-mean": _token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+})
+
+
 def aggregate_loss(
     token_loss: Tensor,
     mask: Tensor,
@@ -64,7 +94,7 @@ def aggregate_loss(
     num_seqs: float | Tensor | None = None,
     norm_length: int | None = None,
 ) -> Tensor:
-    """Reduce a per-token loss [B, T] to a scalar.
+    """Reduce a per-token loss [B, T] to a scalar with the LOSS_AGGREGATIONS entry `mode`.
 
     Modes (len_b = valid tokens of sequence b):
       "token-mean":              sum_bt loss / num_tokens                   (num_tokens: mask.sum())
@@ -80,24 +110,7 @@ def aggregate_loss(
     For "seq-mean-token-sum-norm" pass the same norm_length everywhere (e.g. the max response
     length), since micro-batches may be padded to different T.
     """
-    if mode not in LOSS_AGGREGATIONS:
-        raise ValueError(f"unknown loss aggregation {mode!r}; valid: {list(LOSS_AGGREGATIONS)}")
-    if mode == "token-mean":
-        denom = num_tokens if num_tokens is not None else mask.to(token_loss.dtype).sum().clamp_min(1.0)
-        return masked_sum(token_loss, mask) / denom
-
-    seq_sum = masked_sum(token_loss, mask, dim=-1)
-    if mode == "seq-mean-token-sum":
-        per_seq = seq_sum
-    elif mode == "seq-mean-token-mean":
-        per_seq = seq_sum / mask.to(token_loss.dtype).sum(dim=-1).clamp_min(1.0)
-    else:
-        length = token_loss.shape[-1] if norm_length is None else norm_length
-        if length <= 0:
-            raise ValueError(f"norm_length must be > 0, got {length}")
-        per_seq = seq_sum / length
-    denom = num_seqs if num_seqs is not None else max(token_loss.shape[0], 1)
-    return per_seq.sum() / denom
+    return LOSS_AGGREGATIONS.get(mode)(token_loss, mask, num_tokens, num_seqs, norm_length)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

@@ -32,7 +32,8 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     then clips whole sequences, never single tokens. With a per-sequence advantage and
     loss_agg=seq-mean-token-mean this is exactly the GSPO objective. A sequence without response tokens
     gets s = 1 and loss 0. Stats: clip_frac (tokens of clipped sequences), ratio_mean (s over tokens),
-    approx_kl (0.5 * token log-ratio^2).
+    approx_kl (k1 of the sequence ratio the loss uses: -log s, clamped like s, over tokens) and approx_kl_k2
+    (0.5 * (log s)^2).
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
@@ -41,7 +42,8 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     log_ratio = torch.where(valid, logprobs - old_logprobs, 0.0)
     seq_log_ratio = masked_mean(log_ratio, valid, dim=-1)
     token_log_ratio = logprobs - logprobs.detach() + seq_log_ratio.detach().unsqueeze(-1)
-    ratio = torch.exp(token_log_ratio.clamp(max=LOG_RATIO_MAX))
+    used_log_ratio = token_log_ratio.clamp(max=LOG_RATIO_MAX)  # value: log s_i on each of sequence i's tokens
+    ratio = torch.exp(used_log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
     loss = torch.where(valid, torch.maximum(loss1, loss2), 0.0)
@@ -49,9 +51,10 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         stats = {
             "clip_frac": masked_mean((loss2 > loss1).to(logprobs.dtype), valid),
             "ratio_mean": masked_mean(ratio, valid),
-            "approx_kl": masked_mean(0.5 * log_ratio**2, valid),
+            "approx_kl": masked_mean(-used_log_ratio, valid),
+            "approx_kl_k2": masked_mean(0.5 * used_log_ratio**2, valid),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
-GSPO = PolicyLoss(config=GSPOConfig, compute=gspo_loss, stats=("clip_frac", "ratio_mean", "approx_kl"))
+GSPO = PolicyLoss(config=GSPOConfig, compute=gspo_loss, stats=("clip_frac", "ratio_mean", "approx_kl", "approx_kl_k2"))

@@ -1,5 +1,9 @@
 """Per-token KL estimators between the policy and a reference policy (Schulman, "Approximating KL
-divergence", 2020), evaluated on tokens sampled from the policy."""
+divergence", 2020), evaluated on tokens sampled from the policy.
+
+`KL_ESTIMATORS` names them for `algorithm.kl_estimator`: k1, k2 and k3 here; abs (kl_abs.py); k1+ and k3+, the
+straight-through variants (kl_straight_through.py). An estimator is `(logprobs, ref_logprobs) -> per-token KL`.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from typing import Callable
 
 import torch
 from torch import Tensor
+
+from yatt.registry import Registry
 
 # exp() of a log-ratio beyond this overflows float32/bf16 or dominates the loss; tokens this
 # far apart are already maximally penalized, so clamping loses nothing useful.
@@ -19,17 +25,17 @@ LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
 
 
-def _k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """log(pi/ref): unbiased but high variance, can be negative per token."""
     return logprobs - ref_logprobs
 
 
-def _k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """0.5 * log(pi/ref)^2: biased, low variance, always >= 0."""
     return 0.5 * (logprobs - ref_logprobs) ** 2
 
 
-def _k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """r - 1 - log r with r = ref/pi: unbiased, low variance, always >= 0.
 
     Bounded like veRL's `low_var_kl`: the log-ratio is clamped to [-20, 20] before exponentiating
@@ -39,19 +45,23 @@ def _k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return (torch.exp(-log_ratio) - 1 + log_ratio).clamp(-K3_CLAMP, K3_CLAMP)
 
 
-KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+KL_ESTIMATORS: Registry = Registry("algorithm.kl_estimator", {
+    "k1": k1,
+    "k2": k2,
+    "k3": k3,
+    "abs": "yatt.algorithms.kl_abs:kl_abs",
+    "k1+": "yatt.algorithms.kl_straight_through:k1_plus",
+    "k3+": "yatt.algorithms.kl_straight_through:k3_plus",
+})
 
 
 def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:
-    """Look up a KL estimator `(logprobs, ref_logprobs) -> per-token KL` by name."""
-    try:
-        return KL_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(f"unknown KL estimator {name!r}; valid: {sorted(KL_ESTIMATORS)}") from None
+    """Look up a KL estimator `(logprobs, ref_logprobs) -> per-token KL` by name (or import path)."""
+    return KL_ESTIMATORS.get(name)
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, kind: str) -> Tensor:
-    """Per-token KL(pi || ref) estimate of the given kind ("k1", "k2", "k3"); same shape as inputs."""
+    """Per-token KL(pi || ref) estimate of the given kind (a KL_ESTIMATORS name); same shape as inputs."""
     return get_kl_estimator(kind)(logprobs, ref_logprobs)
 
 

@@ -39,15 +39,17 @@ def ppo_clip_loss(
     bound is unbounded as ratio grows, so one stale token could otherwise dominate the update.
 
     `advantages` is [B] (one per sequence, broadcast over tokens) or [B, T]. Stats are detached
-    0-dim masked means over valid tokens: clip_frac, dual_clip_frac, ratio_mean, approx_kl.
+    0-dim masked means over valid tokens: clip_frac, dual_clip_frac, ratio_mean, approx_kl (k1 of the ratio the
+    loss uses: old_logprob - logprob, the log-ratio clamped like the ratio) and approx_kl_k2 (0.5 * that^2,
+    which is never negative).
     """
     clip_low, clip_high, dual_clip = cfg.clip_low, cfg.clip_high, cfg.dual_clip
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     advantages = advantages.expand_as(logprobs)
 
-    log_ratio = logprobs - old_logprobs
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(loss1, loss2)
@@ -67,10 +69,11 @@ def ppo_clip_loss(
             "clip_frac": masked_mean(clip_active.to(logprobs.dtype), valid),
             "dual_clip_frac": masked_mean(dual_active.to(logprobs.dtype), valid),
             "ratio_mean": masked_mean(ratio, valid),
-            "approx_kl": masked_mean(0.5 * log_ratio**2, valid),
+            "approx_kl": masked_mean(-log_ratio, valid),
+            "approx_kl_k2": masked_mean(0.5 * log_ratio**2, valid),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
 PPO_CLIP = PolicyLoss(config=PPOClipConfig, compute=ppo_clip_loss,
-                      stats=("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl"))
+                      stats=("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "approx_kl_k2"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 import heapq
 from typing import Callable, Sequence
 
+from yatt.registry import Registry
+
 # A "part" is (sum, indices); a "tuple" is k parts sorted by descending sum.
 _Part = tuple[float, list[int]]
 
@@ -124,14 +126,9 @@ def imbalance(weights: Sequence[float], parts: Sequence[Sequence[int]]) -> float
 
 Partitioner = Callable[..., list[list[int]]]
 
-PARTITIONERS: dict[str, Partitioner] = {"kk": karmarkar_karp, "greedy": greedy_partition}
+PARTITIONERS: Registry = Registry("balance.partitioner", {"kk": karmarkar_karp, "greedy": greedy_partition})
 
 
 def get_partitioner(name: str) -> Partitioner:
-    """Look up a partitioner by name (one of ``PARTITIONERS``)."""
-    try:
-        return PARTITIONERS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown partitioner {name!r}; expected one of {sorted(PARTITIONERS)}"
-        ) from None
+    """Look up a partitioner by name (one of ``PARTITIONERS``, or an import path)."""
+    return PARTITIONERS.get(name)

@@ -2,8 +2,9 @@
 
 Every row of the rank's train and eval shards is tokenized once here (chat template included), so a bad row
 (not UTF-8, not JSON, a missing column, a character the tokenizer cannot encode, a prompt longer than
-data.max_prompt_tokens, a template that does not give a flat list of ids) stops the run with one line naming the
-row, instead of failing inside an engine minutes later. Ranks agree on the outcome with one collective: the rank
+data.max_prompt_tokens, a template that does not give a flat list of ids, a data_source without a verifier) stops
+the run with one line naming the row, instead of failing inside an engine minutes later. reward.verifiers are
+imported here too (yatt.rewards.rules.use_verifiers). Ranks agree on the outcome with one collective: the rank
 that found the problem raises it, the others raise a quiet DataError so the launcher prints one line.
 """
 
@@ -16,6 +17,7 @@ from yatt.data.errors import DataError
 from yatt.data.images import IMAGE_PLACEHOLDER, check_row_images
 from yatt.data.rows import PromptRow
 from yatt.data.sources import describe, load_shard
+from yatt.rewards.rules import use_verifiers
 
 
 @dataclass
@@ -63,6 +65,7 @@ def _read(cfg: ExperimentConfig, rank: int, world_size: int, tokenizer) -> RankD
     if data.check_images:  # this rank's rows only, one image at a time
         for row in train + evals:
             check_row_images(row.images, row.where)
+    use_verifiers(cfg.reward.verifiers, train + evals)  # every row can be scored (reward.verifiers imported)
     return RankData(train, evals, encode_prompts(evals, tokenizer, data.max_prompt_tokens))
 
 

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from yatt.config import DataSource, FileSource, GymSource
-from yatt.data.files import read_json_shard, read_parquet_shard
 from yatt.data.gym import read_gym_shard
-from yatt.data.jsonl import read_jsonl_shard
 from yatt.data.rows import PromptRow
+from yatt.registry import Registry
 
-FILE_READERS = {"jsonl": read_jsonl_shard, "json": read_json_shard, "parquet": read_parquet_shard}
+# a file source's kind -> (files, rank, world_size, limit, columns) -> this rank's rows
+FILE_READERS: Registry = Registry("data.<split>.kind", {
+    "jsonl": "yatt.data.jsonl:read_jsonl_shard",
+    "json": "yatt.data.files:read_json_shard",
+    "parquet": "yatt.data.files:read_parquet_shard",
+})
 
 
 def load_shard(source: DataSource, rank: int, world_size: int, limit: int | None = None) -> list[PromptRow]:
     if isinstance(source, FileSource):
-        return FILE_READERS[source.kind](source.files, rank, world_size, limit, source.columns)
+        return FILE_READERS.get(source.kind)(source.files, rank, world_size, limit, source.columns)
     if isinstance(source, GymSource):
         return read_gym_shard(source.dataset, source.size, source.seed, source.options, rank, world_size, limit,
                               chat=source.chat, system_prompt=source.system_prompt, instruction=source.instruction,

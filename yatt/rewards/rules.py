@@ -1,4 +1,10 @@
-"""Rule verifiers: response text + prompt row -> score in [0, 1]. Chosen by the row's data_source."""
+"""Rule verifiers: response text + prompt row -> score in [0, 1]. Chosen by the row's data_source.
+
+A data_source names an entry of `RULES` (exact_match, addition, last_number, and what `reward.verifiers` adds),
+or `reasoning_gym/<dataset>` (that dataset's own scorer), or is itself an import path 'pkg.module:function'.
+`use_verifiers` registers reward.verifiers and checks that every row's data_source has a verifier when the run
+reads its data (yatt.data.prepare), before any engine starts; scoring then only looks them up.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,10 @@ import re
 from functools import lru_cache
 from typing import Callable
 
+from yatt.data.errors import DataError
 from yatt.data.gym import GYM_PREFIX
 from yatt.data.rows import PromptRow
+from yatt.registry import Registry
 
 Verifier = Callable[[str, PromptRow], float]
 
@@ -45,16 +53,33 @@ def reasoning_gym_score(response: str, row: PromptRow) -> float:
     return float(_gym_scorer(row.data_source[len(GYM_PREFIX):])(answer=response.strip(), entry=entry))
 
 
-RULES: dict[str, Verifier] = {"exact_match": exact_match, "addition": exact_match, "last_number": last_number}
+RULES: Registry = Registry("data_source", {"exact_match": exact_match, "addition": exact_match,
+                                            "last_number": last_number})
 
 
 def get_verifier(data_source: str) -> Verifier:
     if data_source.startswith(GYM_PREFIX):
         return reasoning_gym_score
     if data_source not in RULES:
-        raise ValueError(f"no rule verifier for data_source {data_source!r}; known: {sorted(RULES)} "
-                         f"or {GYM_PREFIX}<dataset>")
-    return RULES[data_source]
+        raise ValueError(f"no verifier for data_source {data_source!r}; registered: {', '.join(RULES)}, "
+                         f"{GYM_PREFIX}<dataset>, a name in reward.verifiers, or an import path 'pkg.module:function'")
+    return RULES.get(data_source)
+
+
+def use_verifiers(verifiers: dict[str, str], rows: list[PromptRow]) -> None:
+    """Register reward.verifiers ({data_source: 'pkg.module:function'}), importing each now, and check that
+    every row's data_source names a verifier (an import path is imported too). Raises DataError naming the
+    field (reward.verifiers.<name>) or the first row of a data_source without one."""
+    for name, path in verifiers.items():
+        try:
+            RULES.register(name, RULES.get(path, f"reward.verifiers.{name}"))
+        except ValueError as err:
+            raise DataError(str(err)) from None
+    for source, row in {r.data_source: r for r in reversed(rows)}.items():  # each source's first row
+        try:
+            get_verifier(source)
+        except ValueError as err:
+            raise DataError(f"{row.where}: {err}") from None
 
 
 def score(response: str, row: PromptRow) -> float:

@@ -34,6 +34,4 @@ class CriticConfig(BaseModel):
     @field_validator("loss_agg")
     @classmethod
     def _known_agg(cls, value: str | None) -> str | None:
-        if value is not None and value not in LOSS_AGGREGATIONS:
-            raise ValueError(f"unknown critic.loss_agg {value!r}; one of: {', '.join(LOSS_AGGREGATIONS)}")
-        return value
+        return value if value is None else LOSS_AGGREGATIONS.check(value, "critic.loss_agg")
