@@ -99,6 +99,7 @@ def render_section(model: type[BaseModel], key: str, out: list[str], seen: dict[
             suffix = ""
             if len(models) > 1 and kind is not None:
                 kinds = _type_name(kind.annotation).replace(" \\| ", "/")
+                kinds = "package.module:attr" if kinds == "str" else kinds  # a plug-in by import path
                 suffix = f" (kind={kinds})"
             is_list = typing.get_origin(_strip(field.annotation)) is list
             nested.append((sub, f"{key}.{name}{'[]' if is_list else ''}{suffix}"))
