@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
-from e2e import experiment
+from e2e import experiment, torchrun
 
 from yatt.config import check_run, load_experiment
 from yatt.config_loading import ConfigError
@@ -56,6 +57,24 @@ def test_plugin_trainer_and_engine_by_import_path_run_a_step(tmp_path, monkeypat
     # the engine process served the step with the plug-in class: 8 prompts, 8 samples each, 1-2 tokens a sample
     assert health["backend"] == "counting" and health["pid"] != os.getpid()
     assert health["requests"] == 8 and 64 <= health["tokens"] <= 128
+
+
+@pytest.mark.engine
+def test_plugins_train_under_torchrun_from_another_directory(tmp_path):
+    """The launcher's path: 2 ranks check the config (the plug-in's preflight included), train through the plug-in
+    trainer and generate with the plug-in engine, each rank's in its own engine process."""
+    calls = tmp_path / "calls.jsonl"
+    config = plugin_experiment(tmp_path, str(calls))
+    done = torchrun(config, "run.steps=2", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
+                    cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in calls.read_text().splitlines()]
+    # per rank and step: 4 prompts x 8 samples in 2 mini-batches of 16
+    assert sorted((line["rank"], line["rows"]) for line in lines if line["call"] == "train_mini_batch") == \
+        [(0, 16)] * 4 + [(1, 16)] * 4
+    logs = sorted((tmp_path / "runs" / "run" / "logs").glob("engine-rollout-rank*.log"))
+    served = [re.search(r"counting engine served (\d+) requests", log.read_text()) for log in logs]
+    assert len(logs) == 2 and all(found and int(found[1]) >= 8 for found in served), logs  # 4 prompts x 2 steps
 
 
 def test_plugin_preflight_and_section_errors_name_the_field(tmp_path):

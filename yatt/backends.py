@@ -45,11 +45,6 @@ class Backend:
         return f"Backend({self.impl!r})"
 
 
-def hook(entry: Any, name: str) -> Callable[..., Any] | None:
-    """The entry's `preflight` / `env` ..., or None when the backend declares none."""
-    return getattr(entry, name, None)
-
-
 def _error(loc: tuple, message: str, value: Any) -> ValidationError:
     return ValidationError.from_exception_data("backend section", [
         {"type": "value_error", "loc": loc, "input": value, "ctx": {"error": ValueError(message)}}])
@@ -71,7 +66,7 @@ def own_section(data: Any, backends: Registry, fields: Collection[str], default:
     """`data` (the raw mapping of a config section with a `backend` field) with the selected backend's own section
     validated into its class, or its defaults when absent or null. A key that is another registered backend's
     section is an error naming both, unless null (not set); any other key outside `fields` is an unknown key.
-    Reads no file, changes no value."""
+    Reads no file."""
     if not isinstance(data, dict):
         return data
     name = data.get("backend", default)
@@ -119,9 +114,9 @@ class BackendChoice(BaseModel):
     @property
     def backend_config(self) -> Any:
         """The selected backend's own section (None when it declares none)."""
-        return next(iter((self.model_extra or {}).values()), None)
+        return (self.model_extra or {}).get(getattr(self.backend_entry, "section", None))
 
     @property
     def backend_entry(self) -> Any:
-        """The registry entry of the selected backend (its hooks: `hook(cfg.backend_entry, "preflight")`)."""
+        """The registry entry of the selected backend: `getattr(cfg.backend_entry, "preflight", None)`."""
         return self.backends.get(self.backend)

@@ -25,7 +25,7 @@ from yatt.algorithms.grpo import GRPOConfig
 from yatt.algorithms.kl_control import KLControlConfig
 from yatt.algorithms.rollout_is import RolloutISConfig
 from yatt.algorithms.ppo_clip import PPOClipConfig
-from yatt.backends import BackendChoice, hook
+from yatt.backends import BackendChoice
 from yatt.balance.partition import PARTITIONERS
 from yatt.config_loading import ConfigError, load_config
 from yatt.engines.config import EngineConfig
@@ -502,10 +502,11 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
 
 def check_backends(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     """The backends' own checks (their `preflight` hooks): the trainer's, then each engine's, named by field."""
-    checks = [("", hook(cfg.trainer.backend_entry, "preflight"), (cfg, world_size))]
+    checks = [("", getattr(cfg.trainer.backend_entry, "preflight", None), (cfg, world_size))]
     engines = {"rollout.engine": cfg.rollout.engine, **{f"reward.judges[{j.name}].engine": j.engine
                                                         for j in cfg.reward.judges}}
-    checks += [(f"{field}: ", hook(engine.backend_entry, "preflight"), (engine,)) for field, engine in engines.items()]
+    checks += [(f"{field}: ", getattr(engine.backend_entry, "preflight", None), (engine,))
+               for field, engine in engines.items()]
     for field, check, args in checks:
         try:
             if check is not None:

@@ -3,12 +3,17 @@
     rollout: {engine: {backend: tests.plugins.counting_engine:CountingEngine}}
 
 It is the hf engine, counting what it serves: `health()` names it and reports the requests it took and the
-tokens it sampled. yatt starts it in an engine process, which imports this module by its path there too.
+tokens it sampled, and its last line in the engine's log says them. yatt starts it in an engine process, which
+imports this module by its path there too.
 """
 
 from __future__ import annotations
 
+import logging
+
 from yatt.engines.hf_engine import HFEngine
+
+log = logging.getLogger(__name__)
 
 
 class CountingEngine(HFEngine):
@@ -27,3 +32,7 @@ class CountingEngine(HFEngine):
 
     def health(self):
         return {**super().health(), "backend": "counting", "requests": self.requests, "tokens": self.tokens}
+
+    def shutdown(self):
+        log.info("counting engine served %d requests, %d tokens", self.requests, self.tokens)
+        super().shutdown()

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 import yatt
-from yatt.backends import hook
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.tensors import DTYPES, weight_buckets
 from yatt.engines.config import EngineConfig
@@ -101,7 +100,7 @@ def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> di
         k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith(TORCHRUN_PREFIXES)
     }
     env["OMP_NUM_THREADS"] = str(cfg.threads)
-    backend_env = hook(cfg.backend_entry, "env")
+    backend_env = getattr(cfg.backend_entry, "env", None)
     for key, value in (backend_env(cfg.backend_config) if backend_env else {}).items():
         if value is None:
             env.pop(key, None)
