@@ -1,6 +1,6 @@
-"""Backends from outside yatt, each one file under tests/plugins/ and named by import path in the YAML, run one
-real RL step through `ControllerShard.step()`: the trainer in this process, the engine in the child process yatt
-starts for it (which imports the plug-in by the same path)."""
+"""Backends from outside yatt, each one file under tests/plugins/ and named by import path in the YAML, train for
+real: one step through `ControllerShard.step()` (the trainer in this process, the engine in the process yatt
+starts for it, which imports the plug-in by the same path), and two steps under torchrun on 2 ranks."""
 
 from __future__ import annotations
 

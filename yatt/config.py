@@ -3,10 +3,11 @@
 Every section forbids unknown keys, so a typo fails at start-up with the field and file named
 (see yatt.config_loading). Which implementation a component uses (trainer.backend,
 rollout.engine.backend, algorithm.advantage.kind, algorithm.policy_loss.kind) is checked against its
-registry, so the allowed values are whatever is registered. Validation only reads the config itself:
-cross-section rules live in `ExperimentConfig._check_combinations`; rules that need the world size or
-the files the config names (model folders, data files) live in `check_run`, which the launcher calls
-before anything starts.
+registry, so the allowed values are whatever is registered; a trainer or engine backend's own settings sit
+in its own section beside `backend` (`trainer.megatron`, `rollout.engine.vllm`: yatt.backends). Validation
+only reads the config itself: cross-section rules live in `ExperimentConfig._check_combinations`; rules
+that need the world size or the files the config names (model folders, data files) live in `check_run`,
+which the launcher calls before anything starts, with each backend's own `preflight`.
 """
 
 from __future__ import annotations
