@@ -66,7 +66,7 @@ def workloads(args: argparse.Namespace, work: Path) -> list[dict]:
         found.append(dict(name="quickstart", model=args.quickstart, params_note="SFT'd", prompts=prompts,
                           sampling=SamplingSpec(n=8, temperature=1.0, max_tokens=8), repeats=args.repeats,
                           warmup=(64, 8),
-                          engine=dict(max_num_seqs=256, kv_cache_gib=0.5, max_model_len=16 + 8)))
+                          engine=dict(max_num_seqs=256, max_model_len=16 + 8), vllm=dict(kv_cache_gib=0.5)))
     else:
         print(f"no {args.quickstart}: skipping the quickstart workload (python launch/sft.py --config "
               "configs/sft_quickstart.yaml builds it)", flush=True)
@@ -74,7 +74,7 @@ def workloads(args: argparse.Namespace, work: Path) -> list[dict]:
     found.append(dict(name="qwen2-100m", model=big, params_note="random init", prompts=addition_prompts(big, 8),
                       sampling=SamplingSpec(n=4, temperature=1.0, max_tokens=128), repeats=args.repeats_100m,
                       warmup=(4, 16),
-                      engine=dict(max_num_seqs=256, kv_cache_gib=1.0, max_model_len=16 + 128)))
+                      engine=dict(max_num_seqs=256, max_model_len=16 + 128), vllm=dict(kv_cache_gib=1.0)))
     return found
 
 
@@ -86,7 +86,8 @@ def count_params(model: Path) -> int:
 
 
 def bench_engine(w: dict, backend: str, args: argparse.Namespace, logs: Path) -> dict:
-    cfg = EngineConfig(backend=backend, threads=args.threads, startup_timeout_s=600, **w["engine"])
+    own = {"vllm": w["vllm"]} if backend == "vllm" else {}  # the vLLM backend's own section (its KV cache)
+    cfg = EngineConfig(backend=backend, threads=args.threads, startup_timeout_s=600, **w["engine"], **own)
     start = time.perf_counter()
     client = spawn_engine(w["model"], cfg, seed=0, log_path=logs / f"{w['name']}-{backend}.log")
     startup_s = time.perf_counter() - start

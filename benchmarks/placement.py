@@ -60,7 +60,7 @@ def long_tail_config(work: Path, steps: int) -> Path:
     config.write_text(f"""
 model: {{path: {policy}}}
 data: {{train: {{kind: jsonl, files: [{work / 'train.jsonl'}]}}, prompts_per_step: 32, max_prompt_tokens: 8}}
-rollout: {{group_size: 8, max_new_tokens: 128, engine: {{max_num_seqs: 256, kv_cache_gib: 0.5}}}}
+rollout: {{group_size: 8, max_new_tokens: 128, engine: {{max_num_seqs: 256, vllm: {{kv_cache_gib: 0.5}}}}}}
 reward:
   kind: genrm_with_rule
   judges:
@@ -68,7 +68,7 @@ reward:
       model: {judge}
       template: "{{question}}{{reference}}:{{response}}?"
       max_tokens: 12
-      engine: {{max_num_seqs: 256, kv_cache_gib: 0.5}}
+      engine: {{max_num_seqs: 256, vllm: {{kv_cache_gib: 0.5}}}}
 trainer: {{lr: 1.0e-4, micro_batch_size: 64}}
 run: {{steps: {steps}, eval_every: 0, export_policy: false, output_dir: {work / 'runs'}}}
 """)

@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     runs = Path(tempfile.mkdtemp(prefix=f"yatt-{name}-"))
     overrides = [f"model.path={model}", f"run.output_dir={runs}", f"run.name={name}", f"run.steps={args.steps}",
                  "run.eval_every=0", "data.eval_prompts=64", f"checkpoint.every={max(1, args.steps // 3)}",
-                 "rollout.engine.backend=hf", f"rollout.engine.dtype={args.dtype}", f"trainer.dtype={args.dtype}",
-                 f"trainer.backend={args.trainer_backend}"]
+                 "rollout.engine.backend=hf", "rollout.engine.vllm=null", f"rollout.engine.dtype={args.dtype}",
+                 f"trainer.dtype={args.dtype}", f"trainer.backend={args.trainer_backend}"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", str(REPO / "launch/train.py"),
            "--config", str(args.config.resolve()), "--placement", "full", "--resume", "none", *overrides]
     start = time.perf_counter()

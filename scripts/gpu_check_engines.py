@@ -25,6 +25,7 @@ from safetensors.torch import load_file  # noqa: E402
 from yatt.engines.base import SamplingSpec  # noqa: E402
 from yatt.engines.client import spawn_engine  # noqa: E402
 from yatt.engines.config import EngineConfig  # noqa: E402
+from yatt.engines.vllm_config import VLLMConfig  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.transport.rpc import RemoteError  # noqa: E402
 
@@ -62,7 +63,7 @@ def main() -> int:
     weights = load_file(str(next(Path(model).glob("*.safetensors"))))
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     prompts = [[(7 * i + j) % (vocab - 3) + 3 for j in range(6)] for i in range(32)]
-    cfg = EngineConfig(gpu_memory_utilization=UTILIZATION, max_model_len=64, kv_cache_gib=0.25)
+    cfg = EngineConfig(max_model_len=64, vllm=VLLMConfig(gpu_memory_utilization=UTILIZATION, kv_cache_gib=0.25))
     checks: dict[str, bool] = {}
     report: dict = {"cuda": torch.cuda.is_available(), "model": str(model), "logs": str(out), "checks": checks}
     if torch.cuda.is_available():

@@ -25,7 +25,7 @@ def one_digit_rows(path: Path, count: int) -> Path:
 
 
 # one-token GRPO on 2 mini-batches, the cheapest real training step the e2e tests share
-ONE_TOKEN_GRPO = """rollout: {group_size: 8, max_new_tokens: 1, engine: {kv_cache_gib: 0.25}}
+ONE_TOKEN_GRPO = """rollout: {group_size: 8, max_new_tokens: 1, engine: {vllm: {kv_cache_gib: 0.25}}}
 algorithm: {mini_batches: 2}
 trainer: {lr: 0.01, micro_batch_size: 16}
 """

@@ -101,7 +101,8 @@ def trainer_step_body(world, folder: str, tp: int, pp: int, batch, rows: list[li
     """One MegatronTrainer.train_mini_batch on this rank's rows (by data-parallel rank) with the PPO loss:
     its stats, the weights after the step under HF names, and log-probs before the step."""
     from yatt.algorithms.objective import Algorithm
-    from yatt.config import AlgorithmConfig, MegatronConfig, TrainerConfig
+    from yatt.config import AlgorithmConfig, TrainerConfig
+    from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
     cfg = TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp),
@@ -122,7 +123,8 @@ def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple
     import copy
 
     from yatt.algorithms.objective import Algorithm
-    from yatt.config import AlgorithmConfig, MegatronConfig, TrainerConfig
+    from yatt.config import AlgorithmConfig, TrainerConfig
+    from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
     cfg = TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp),
@@ -145,7 +147,8 @@ def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple
 
 def mismatch_body(world, folder: str, batch) -> str:
     """TP=2 ranks handed different rows: the trainer refuses instead of mixing them in one forward."""
-    from yatt.config import MegatronConfig, TrainerConfig
+    from yatt.config import TrainerConfig
+    from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
     trainer = MegatronTrainer(folder, TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=2)),

@@ -36,7 +36,8 @@ def test_a_resumed_ppo_run_matches_the_uninterrupted_one(tmp_path):
     config = experiment(tmp_path, PPO)
 
     def run(out: str, *args: str) -> str:
-        done = torchrun(config, f"run.output_dir={tmp_path / out}", "rollout.engine.backend=hf", *args, cwd=tmp_path)
+        done = torchrun(config, f"run.output_dir={tmp_path / out}", "rollout.engine.backend=hf",
+                        "rollout.engine.vllm=null", *args, cwd=tmp_path)
         assert done.returncode == 0 and "done:" in done.stdout, (done.stdout + done.stderr)[-3000:]
         return done.stdout
 

@@ -1,5 +1,6 @@
 """Bad configs fail at start-up with a short message naming the file and the field."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from yatt.config import check_run, load_experiment
-from yatt.config_loading import ConfigError
+from yatt.config_loading import ConfigError, dump_config
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,6 +98,62 @@ def test_impossible_combinations(tmp_path, model_dir):
     megatron = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "trainer.megatron.pipeline_parallel=2"]
     with pytest.raises(ConfigError, match="tensor_parallel x pipeline_parallel = 4 must divide the 2 ranks"):
         check_run(load_experiment(path, megatron), 2, str(path))
+
+
+def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
+    """trainer.megatron and rollout.engine.vllm are validated by their backend's class when it is selected,
+    and are errors naming it when it is not; null drops one (how an override switches the backend)."""
+    path = write_config(tmp_path, model_dir)
+    cases = {("trainer.megatron.tensor_parallel=3",):
+             "trainer: megatron is set but backend is torch; remove it (or set it to null) or set backend=megatron",
+             ("rollout.engine.backend=hf", "rollout.engine.vllm.kv_cache_gib=0.5"):
+             "rollout.engine: vllm is set but backend is hf; remove it (or set it to null) or set backend=vllm",
+             ("trainer.backend=megatron", "trainer.megatron.tp=2"): "trainer.megatron.tp: unknown key",
+             ("rollout.engine.vllm.kv_cache_gib=0",): "rollout.engine.vllm.kv_cache_gib: Input should be greater",
+             ("rollout.engine.kv_cache_gib=0.5",): "rollout.engine.kv_cache_gib: unknown key"}
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            load_experiment(path, list(overrides))
+        assert message in str(err.value), (overrides, str(err.value))
+    default = load_experiment(path)
+    assert default.trainer.model_parallel == (1, 1) and default.trainer.backend_config is None
+    assert default.rollout.engine.backend_config.kv_cache_gib == 1.0  # vllm, the default engine: its defaults
+    cfg = load_experiment(path, ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2",
+                                 "rollout.engine.backend=hf", "rollout.engine.vllm=null"])
+    assert cfg.trainer.model_parallel == (2, 1) and cfg.rollout.engine.backend_config is None
+    dump_config(cfg, tmp_path / "resolved.yaml")  # what a run writes into its directory loads back the same
+    assert load_experiment(tmp_path / "resolved.yaml") == cfg
+
+
+def test_checking_a_config_imports_no_backend(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir)
+    code = ("import sys; from yatt.config import load_experiment; load_experiment(sys.argv[1], "
+            "['trainer.backend=megatron', 'rollout.engine.backend=vllm']); "
+            "print(sorted(m for m in ('megatron', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
+
+
+def test_backends_preflight_checks_name_the_field(tmp_path, model_dir, monkeypatch):
+    judge = (f"reward:\n  kind: genrm\n  judges: [{{name: j, model: {model_dir}, "
+             "template: '{question}{reference}:{response}?'}]\n")
+    path = write_config(tmp_path, model_dir, judge)
+    tp2 = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"]
+    cases = {("checkpoint.export_hf=true",): "checkpoint.export_hf needs the whole model on one rank",
+             ("balance.enabled=true",): "balance.enabled and placement.mode=partial are not supported yet"}
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            check_run(load_experiment(path, [*tp2, *overrides]), 2, str(path))
+        check_run(load_experiment(path, list(overrides)), 2, str(path))  # the torch backend has no such rule
+    find_spec = importlib.util.find_spec  # a machine without megatron-core or vLLM
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("megatron", "vllm")
+                        else find_spec(name, *a))
+    with pytest.raises(ConfigError, match=r"trainer.backend=megatron needs megatron-core: pip install 'yatt\[megatron"):
+        check_run(load_experiment(path, tp2), 2, str(path))
+    with pytest.raises(ConfigError, match=r"exp.yaml: rollout.engine: backend=vllm needs vLLM"):
+        check_run(load_experiment(path), 1, str(path))
+    with pytest.raises(ConfigError, match=r"reward.judges\[j\].engine: backend=vllm needs vLLM"):
+        check_run(load_experiment(path, ["rollout.engine.backend=hf", "rollout.engine.vllm=null"]), 1, str(path))
 
 
 def test_balance_and_dynamic_sampling_sections(tmp_path, model_dir):

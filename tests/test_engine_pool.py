@@ -20,7 +20,7 @@ from yatt.transport.codec import new_secret
 
 pytestmark = pytest.mark.engine
 
-CFG = EngineConfig(max_model_len=96, max_num_seqs=64, kv_cache_gib=0.25, startup_timeout_s=300, request_timeout_s=20)
+CFG = EngineConfig(max_model_len=96, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, startup_timeout_s=300, request_timeout_s=20)
 # Long outputs with no eos in sight keep requests in flight long enough to kill an engine under them.
 SECRET = new_secret()
 SLOW = SamplingSpec(n=2, temperature=1.0, max_tokens=60, logprobs=False)

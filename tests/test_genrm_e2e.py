@@ -20,7 +20,7 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("genrm")
     judge = write_tiny_model(tmp / "judge", TinyModelConfig(**TINY, max_position_embeddings=32), seed=4)
     config = experiment(tmp, f"""
-rollout: {{group_size: 8, max_new_tokens: 2, engine: {{kv_cache_gib: 0.25}}}}
+rollout: {{group_size: 8, max_new_tokens: 2, engine: {{vllm: {{kv_cache_gib: 0.25}}}}}}
 reward:
   kind: genrm_with_rule
   judges:
@@ -29,7 +29,7 @@ reward:
       template: "{{question}}{{reference}}:{{response}}?"
       max_tokens: 3
       unparseable_score: 0.5
-      engine: {{kv_cache_gib: 0.25}}
+      engine: {{vllm: {{kv_cache_gib: 0.25}}}}
 trainer: {{lr: 0.01, micro_batch_size: 32}}
 run: {{output_dir: {tmp / 'runs'}, steps: 2, eval_every: 0}}
 """, model=TinyModelConfig(**TINY), name="genrm.yaml")

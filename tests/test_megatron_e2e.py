@@ -24,7 +24,8 @@ def run(tmp_path_factory):
     config = experiment(tmp, f"""
 {ONE_TOKEN_GRPO}run: {{name: tp2, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 0}}
 """, model=DIGITS_TP)
-    overrides = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "rollout.engine.backend=hf"]
+    overrides = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "rollout.engine.backend=hf",
+                 "rollout.engine.vllm=null"]
     return torchrun(config, "--placement", "full", *overrides, cwd=tmp), tmp / "runs" / "tp2", tmp / "policy0"
 
 

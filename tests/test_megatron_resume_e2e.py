@@ -16,7 +16,8 @@ from test_megatron_e2e import DIGITS_TP
 
 pytestmark = [needs_megatron, pytest.mark.slow]
 STEPS = 6
-MEGATRON = ("trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "rollout.engine.backend=hf")
+MEGATRON = ("trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "rollout.engine.backend=hf",
+            "rollout.engine.vllm=null")
 
 
 def test_kill_9_during_a_shard_write_resumes_exactly(tmp_path):

@@ -80,7 +80,7 @@ def test_vllm_serves_the_exported_policy(run, tmp_path):
     policy = AutoModelForCausalLM.from_pretrained(run_dir / "policy")
     with torch.no_grad():
         expected = torch.log_softmax(policy(torch.tensor([prompt])).logits[0, -1], -1)
-    with spawn_engine(run_dir / "policy", EngineConfig(max_model_len=16, kv_cache_gib=0.25), seed=0,
+    with spawn_engine(run_dir / "policy", EngineConfig(max_model_len=16, vllm={"kv_cache_gib": 0.25}), seed=0,
                       log_path=tmp_path / "engine.log") as engine:
         [[completion]] = engine.generate([prompt], SamplingSpec(n=1, temperature=0.0, max_tokens=1))
     token = completion.token_ids[0]

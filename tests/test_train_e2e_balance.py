@@ -19,7 +19,7 @@ def run(tmp_path_factory):
     """Random tiny policy: about half the groups are all wrong, so dynamic sampling has work to do."""
     tmp = tmp_path_factory.mktemp("e2e_balance")
     config = experiment(tmp, f"""
-rollout: {{group_size: 8, max_new_tokens: 3, engines_per_rank: 2, engine: {{kv_cache_gib: 0.25}}}}
+rollout: {{group_size: 8, max_new_tokens: 3, engines_per_rank: 2, engine: {{vllm: {{kv_cache_gib: 0.25}}}}}}
 algorithm:
   mini_batches: 2
   dynamic_sampling: {{enabled: true, max_rounds: 3, initial_oversample: 1.5}}

@@ -22,6 +22,7 @@ def run(request, tmp_path_factory):
     write_shapes_files(tmp / "data", sizes={"sft": 256, "train": 32, "eval": 8})
     policy = tmp / "policy0"
     run_sft_vl(tmp / "data", policy, stop_at=1.01, batch_size=32, max_steps=120, eval_every=120, log=lambda _: None)
+    vllm = ", vllm: {kv_cache_gib: 0.25}" if backend == "vllm" else ""  # the vLLM backend's own section
     config = tmp / "exp.yaml"
     config.write_text(f"""
 model: {{path: {policy}}}
@@ -31,7 +32,7 @@ data:
   prompts_per_step: 8
   eval_prompts: 8
   max_prompt_tokens: 32
-rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: {backend}, kv_cache_gib: 0.25}}}}
+rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: {backend}{vllm}}}}}
 balance: {{enabled: {str(balanced).lower()}}}
 algorithm: {{mini_batches: 2}}
 trainer: {{lr: 0.01, micro_batch_size: 16}}

@@ -30,7 +30,7 @@ from yatt.trainers.torch_trainer import TorchTrainer
 
 WORLD = World(0, 1, 0, torch.device("cpu"))
 HF = EngineConfig(backend="hf", max_model_len=256, max_num_seqs=64, weight_bucket_mb=1, startup_timeout_s=120)
-VLLM = EngineConfig(max_model_len=256, max_num_seqs=64, kv_cache_gib=0.25, weight_bucket_mb=1, startup_timeout_s=300)
+VLLM = EngineConfig(max_model_len=256, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, weight_bucket_mb=1, startup_timeout_s=300)
 SAMPLE = SamplingSpec(n=3, temperature=1.0, max_tokens=6, logprobs=True)
 
 

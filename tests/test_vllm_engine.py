@@ -28,10 +28,11 @@ from yatt.engines.client import (
     spawn_engine,
 )
 from yatt.engines.config import EngineConfig
+from yatt.engines.vllm_config import VLLMConfig
 
 pytestmark = pytest.mark.engine
 
-CFG = EngineConfig(max_model_len=256, max_num_seqs=64, kv_cache_gib=0.25, weight_bucket_mb=1, startup_timeout_s=300)
+CFG = EngineConfig(max_model_len=256, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, weight_bucket_mb=1, startup_timeout_s=300)
 TIMINGS: dict[str, float] = {}
 GREEDY: dict[str, list[list[int]]] = {}
 
@@ -187,7 +188,7 @@ def test_bad_model_path_raises_engine_start_error(tmp_path: Path) -> None:
 def test_child_env_drops_torchrun_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in [*TORCHRUN_VARS, "TORCHELASTIC_RUN_ID", "TORCH_NCCL_ASYNC_ERROR_HANDLING"]:
         monkeypatch.setenv(k, "1")
-    env = engine_env(CFG.model_copy(update={"threads": 3, "kv_cache_gib": 2.0}))
+    env = engine_env(CFG.model_copy(update={"threads": 3, "vllm": VLLMConfig(kv_cache_gib=2.0)}))
     assert not [k for k in env if k in TORCHRUN_VARS or k.startswith(("TORCHELASTIC_", "TORCH_NCCL_"))]
     assert env["OMP_NUM_THREADS"] == "3" and env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"

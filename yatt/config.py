@@ -4,11 +4,12 @@ Every section forbids unknown keys, so a typo fails at start-up with the field a
 (see yatt.config_loading). Which implementation a component uses (trainer.backend,
 rollout.engine.backend, algorithm.advantage.kind, algorithm.policy_loss.kind) is checked against its
 registry, so the allowed values are whatever is registered, or an import path 'pkg.module:attr' to a plug-in
-(imported when checked; see docs/extending.md). Validation reads only the config itself and the plug-ins it
-names (reward.verifiers are imported later, when the run reads its data): cross-section rules live in
-`ExperimentConfig._check_combinations`; rules that need the world size or
-the files the config names (model folders, data files) live in `check_run`, which the launcher calls
-before anything starts.
+(imported when checked; see docs/extending.md). A trainer or engine backend's own settings sit in its own
+section beside `backend` (`trainer.megatron`, `rollout.engine.vllm`: yatt.backends). Validation reads only the
+config itself and the plug-ins it names (reward.verifiers are imported later, when the run reads its data):
+cross-section rules live in `ExperimentConfig._check_combinations`; rules that need the world size or the files
+the config names (model folders, data files) live in `check_run`, which the launcher calls before anything
+starts, with each backend's own `preflight`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from yatt.algorithms.grpo import GRPOConfig
 from yatt.algorithms.kl_control import KLControlConfig
 from yatt.algorithms.rollout_is import RolloutISConfig
 from yatt.algorithms.ppo_clip import PPOClipConfig
+from yatt.backends import BackendChoice
 from yatt.balance.partition import PARTITIONERS
 from yatt.config_loading import ConfigError, load_config
 from yatt.engines.config import EngineConfig
@@ -283,18 +285,15 @@ class AlgorithmConfig(Section):
         return KL_ESTIMATORS.check(value)
 
 
-class MegatronConfig(Section):
-    """trainer.backend=megatron: how the model is split. Data parallel = ranks / (tensor_parallel x
-    pipeline_parallel); the ranks of one tensor/pipeline group train on the same samples."""
+class TrainerConfig(BackendChoice):
+    """The training backend and the settings every backend reads; beside `backend` sits that backend's own
+    section, e.g. ``megatron: {tensor_parallel: 2}`` (`yatt.trainers.megatron_config`), an error when set for a
+    backend that is not selected."""
 
-    tensor_parallel: int = Field(1, gt=0, description="Split every layer's weights (attention heads, MLP, "
-                                 "vocabulary) over this many ranks; divides the key-value heads.")
-    pipeline_parallel: int = Field(1, gt=0, description="Split the decoder layers into this many consecutive "
-                                   "stages, one per rank; divides the number of layers.")
+    backends = TRAINERS
 
-
-class TrainerConfig(Section):
-    backend: str = Field("torch", description="Training backend, a name in yatt.trainers.TRAINERS.")
+    backend: str = Field("torch", description="Training backend, a name in yatt.trainers.TRAINERS (torch; megatron, "
+                         "its section: megatron) or an import path 'package.module:Class'.")
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights, gradients and optimizer "
                                                    "state; log-probs and losses are float32 either way.")
     lr: float = Field(1e-4, gt=0.0)
@@ -322,7 +321,6 @@ class TrainerConfig(Section):
     autocast: Literal["none", "bfloat16"] = Field("none", description="Run forward/backward under bfloat16 autocast "
                                                   "(weights stay trainer.dtype); fast on GPUs and on CPUs with AVX-512 BF16, slow on other CPUs; "
                                                   "changes the numerics (the rollout-vs-trainer mismatch shows how much).")
-    megatron: MegatronConfig = Field(default_factory=MegatronConfig, description="trainer.backend=megatron only.")
 
     @field_validator("backend")
     @classmethod
@@ -331,10 +329,9 @@ class TrainerConfig(Section):
 
     @property
     def model_parallel(self) -> tuple[int, int]:
-        """(tensor, pipeline) parallel sizes the backend splits the model into: ranks per data-parallel rank."""
-        if self.backend == "megatron":
-            return self.megatron.tensor_parallel, self.megatron.pipeline_parallel
-        return 1, 1
+        """(tensor, pipeline) parallel sizes the backend splits the model into: ranks per data-parallel rank.
+        The backend's section answers (`model_parallel`); a backend without one holds the whole model per rank."""
+        return getattr(self.backend_config, "model_parallel", (1, 1))
 
 
 class BalanceConfig(Section):
@@ -487,18 +484,8 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         raise ConfigError(f"{source}: placement.mode=partial needs at least "
                           f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
                           f"min_genrm_devices), but {world_size} were launched")
+    check_backends(cfg, world_size, source)
     tp, pp = cfg.trainer.model_parallel
-    if world_size % (tp * pp):
-        raise ConfigError(f"{source}: trainer.megatron.tensor_parallel x pipeline_parallel = {tp * pp} must divide "
-                          f"the {world_size} ranks launched (data parallel = ranks / that)")
-    if cfg.trainer.backend == "megatron" and importlib.util.find_spec("megatron") is None:
-        raise ConfigError(f"{source}: trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
-    if tp * pp > 1 and cfg.checkpoint.export_hf:
-        raise ConfigError(f"{source}: checkpoint.export_hf needs the whole model on one rank; with tensor/pipeline "
-                          "parallelism the final policy is exported (run.export_policy) by gathering the shards")
-    if tp * pp > 1 and (cfg.balance.enabled or p.mode == "partial"):
-        raise ConfigError(f"{source}: with tensor/pipeline parallelism, balance.enabled and placement.mode=partial "
-                          "are not supported yet (they move rollouts between ranks, not data-parallel groups)")
     data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
     per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
     if rest or per_rank % cfg.algorithm.mini_batches:
@@ -543,6 +530,21 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     if positions and cfg.rollout_tokens > positions:
         raise ConfigError(f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "
                           f"(prompt + response tokens) but the model has {positions} positions; lower one of them")
+
+
+def check_backends(cfg: ExperimentConfig, world_size: int, source: str) -> None:
+    """The backends' own checks (their `preflight` hooks): the trainer's, then each engine's, named by field."""
+    checks = [("", getattr(cfg.trainer.backend_entry, "preflight", None), (cfg, world_size))]
+    engines = {"rollout.engine": cfg.rollout.engine, **{f"reward.judges[{j.name}].engine": j.engine
+                                                        for j in cfg.reward.judges}}
+    checks += [(f"{field}: ", getattr(engine.backend_entry, "preflight", None), (engine,))
+               for field, engine in engines.items()]
+    for field, check, args in checks:
+        try:
+            if check is not None:
+                check(*args)
+        except ValueError as err:
+            raise ConfigError(f"{source}: {field}{err}") from None
 
 
 def model_vocab(folder: Path) -> int | None:

@@ -3,11 +3,17 @@
 `ENGINES` names the backends (`rollout.engine.backend`); each implements `RolloutEngine` and is served by
 `yatt.engines.server.EngineService` in its own process. Controllers reach engines through `EngineClient`
 (`spawn_engine`, `connect_engine`) and route among several with `EnginePool`.
+
+An entry may own a section beside `backend` and declare hooks (`yatt.backends`): `preflight(engine:
+EngineConfig)` raises ValueError for what the config alone cannot tell, `env(section)` gives the engine
+process's environment variables (None: removed). A plug-in by import path is imported by that path in the
+engine process too, found where the parent found it (`yatt.engines.client.engine_env`).
 """
 
+from yatt.backends import Backend
 from yatt.registry import Registry
 
 ENGINES: Registry = Registry("rollout.engine.backend", {
-    "vllm": "yatt.engines.vllm_engine:VLLMEngine",
-    "hf": "yatt.engines.hf_engine:HFEngine",
+    "vllm": "yatt.engines.vllm_config:VLLM",
+    "hf": Backend("yatt.engines.hf_engine:HFEngine"),
 })

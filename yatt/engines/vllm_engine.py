@@ -77,6 +77,7 @@ class VLLMEngine:
 
         self.model_path = model_path
         self.cfg = cfg
+        own = cfg.backend_config  # rollout.engine.vllm (yatt.engines.vllm_config.VLLMConfig)
         self.device = str(current_platform.device_type)
         self.sleep_supported = bool(current_platform.is_sleep_mode_available())
         kwargs: dict[str, Any] = dict(
@@ -84,7 +85,7 @@ class VLLMEngine:
             dtype=cfg.dtype,
             max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs,
-            enforce_eager=cfg.enforce_eager,
+            enforce_eager=own.enforce_eager,
             seed=seed,
             # log-probs of the distribution sampled from (after temperature and top-p), like the hf engine's;
             # the default raw_logprobs ignores the temperature the trainer divides by
@@ -92,9 +93,9 @@ class VLLMEngine:
         )
         if current_platform.is_cpu():
             # Explicit bytes (fractional GiB allowed); VLLM_CPU_KVCACHE_SPACE would override it.
-            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GIB)
+            kwargs["kv_cache_memory_bytes"] = int(own.kv_cache_gib * GIB)
         else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["gpu_memory_utilization"] = own.gpu_memory_utilization
         if self.sleep_supported:
             kwargs["enable_sleep_mode"] = True
         t0 = time.perf_counter()

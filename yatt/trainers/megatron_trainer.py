@@ -81,7 +81,7 @@ class MegatronTrainer:
         from megatron.core import parallel_state as ps
 
         self.cfg, self.world, self.trainable, self.total_steps = cfg, world, trainable, total_steps
-        self.tp, self.pp = cfg.megatron.tensor_parallel, cfg.megatron.pipeline_parallel
+        self.tp, self.pp = cfg.model_parallel  # trainer.megatron (yatt.trainers.megatron_config)
         self._hf_config = AutoConfig.from_pretrained(str(model_path))
         self.dtype = DTYPES[cfg.dtype]
         self.optimizer = None
