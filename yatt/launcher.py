@@ -186,6 +186,7 @@ def run_agent(args: argparse.Namespace, script: str) -> int:
             line, code = first_failure(err.failures)
             print(line, file=sys.stderr, flush=True)
             return code
-        except SignalException as err:  # SIGTERM/SIGINT: the agent passed it to the ranks, which saved and stopped
+        except SignalException as err:  # SIGTERM/SIGINT: the agent passed it on to the ranks (in the step loop a
+            # rank saves a checkpoint and stops, see yatt.checkpoint.checkpointer.PreemptionFlag)
             return 128 + int(err.sigval)
     return 0

@@ -52,8 +52,3 @@ def drop_aside(folder: Path) -> None:
         aside.rename(doomed)
     shutil.rmtree(doomed, ignore_errors=True)
 
-
-def pending(folder: Path) -> list[str]:
-    """Names set aside in `folder` by launches that have not committed yet, e.g. ['replaced/1/metrics.jsonl']."""
-    aside = folder / ASIDE
-    return sorted(p.relative_to(folder).as_posix() for p in aside.glob("*/*")) if aside.is_dir() else []
