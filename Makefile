@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml scripts/setup.sh
 
 quickstart: setup
 	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
-	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml --placement full
+	$(PY) launch/train.py --nproc 2 --config configs/quickstart.yaml --placement full
 
 # The quickstart with a generative reward model: also builds the tiny judge once (launch/sft.py skips
 # a model folder that exists). PLACEMENT=full runs rollout, GenRM and training one after the other.
@@ -26,13 +26,13 @@ quickstart-genrm: setup
 	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
 	$(PY) launch/sft.py --config configs/sft_judge.yaml
 	$(PY) launch/sft.py --config configs/sft_judge_near_miss.yaml
-	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_genrm.yaml --placement $(PLACEMENT)
+	$(PY) launch/train.py --nproc 2 --config configs/quickstart_genrm.yaml --placement $(PLACEMENT)
 
 # The visual quickstart: writes the counting-squares images and SFTs a tiny VL policy once, then GRPO on 2 ranks.
 quickstart-vl: setup
 	test -f data/shapes/train.jsonl || $(PY) -m yatt.quickstart.shapes --out data/shapes
 	test -d models/quickstart-vl || $(PY) -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl
-	$(VENV)/bin/torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart_vl.yaml --placement full
+	$(PY) launch/train.py --nproc 2 --config configs/quickstart_vl.yaml --placement full
 
 test: setup
 	$(PY) -m pytest -q -m "not slow"

@@ -1,5 +1,5 @@
 """Shared pieces of the end-to-end tests: a random tiny digit policy, one-digit addition rows, an
-experiment YAML around them, and torchrun with 2 ranks."""
+experiment YAML around them, 2 ranks started by torchrun or by launch/train.py --nproc, and a process tree to kill."""
 
 from __future__ import annotations
 
@@ -54,6 +54,11 @@ def torchrun_args(config: Path, *args: str) -> list[str]:
             "--config", str(config), *args]
 
 
+def nproc_args(config: Path, *args: str) -> list[str]:
+    """launch/train.py starting its own 2 ranks (the Makefile's way: one line per failure)."""
+    return [sys.executable, str(REPO / "launch/train.py"), "--nproc", "2", "--config", str(config), *args]
+
+
 def env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -66,13 +71,31 @@ def torchrun(config: Path, *args: str, cwd: Path, timeout: int = 900,
 
 
 def train_repo_config(config: str, run_name: str, output_dir: Path, *args: str, timeout: int) -> tuple[dict, float]:
-    """Train the repository's `config` as its README command does (2 ranks, from the repository root; args:
+    """Train the repository's `config` as `make quickstart` does (2 ranks, from the repository root; args:
     --placement and key=value overrides), writing under output_dir: its summary.json and the wall seconds."""
     start = time.monotonic()
-    subprocess.run(torchrun_args(REPO / config, *args, f"run.output_dir={output_dir}"), cwd=REPO, env=env(),
+    subprocess.run(nproc_args(REPO / config, *args, f"run.output_dir={output_dir}"), cwd=REPO, env=env(),
                    check=True, timeout=timeout)
     wall = time.monotonic() - start
     return json.loads((output_dir / run_name / "summary.json").read_text()), wall
+
+
+def process_tree(root_pid: int) -> list[int]:
+    """root_pid and all its descendants (torchrun puts each rank in its own session, so killpg misses them)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = [], [root_pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
 
 
 # the vocabulary of a policy that a tiny judge reads ("...?yes"/"no") and the judge's own shape

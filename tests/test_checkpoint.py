@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from yatt.checkpoint.aside import drop_aside, set_aside
 from yatt.checkpoint.manifest import CheckpointError, fingerprint_differences, verify
 from yatt.checkpoint.resume import CheckpointWarning, check_compatible, find_resume, load_part
 from yatt.checkpoint.rng import rng_state, set_rng_state
@@ -133,7 +134,7 @@ def test_incompatible_config_names_the_fields(tmp_path):
     folder = save(tmp_path, 1)
     manifest = verify(folder)
     check_compatible(folder, manifest, {"world_size": 2})
-    with pytest.raises(CheckpointError, match=r"incompatible config.*\n  world_size: checkpoint 2, now 4"):
+    with pytest.raises(CheckpointError, match=r"incompatible config.*: world_size: checkpoint 2, now 4; use another"):
         check_compatible(folder, manifest, {"world_size": 4})
     assert fingerprint_differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}}) == ["a.c: checkpoint 2, now 3"]
 
@@ -187,7 +188,7 @@ def test_preemption_signal_only_sets_a_flag():
         flag.restore()
 
 
-def test_latest_follows_deletions_by_resume_none_and_by_discarding_newer_checkpoints(tmp_path):
+def _checkpointer(tmp_path, **writer_kw):
     from yatt.checkpoint.checkpointer import Checkpointer
     from yatt.config import load_experiment
     from yatt.distributed import World
@@ -196,12 +197,57 @@ def test_latest_follows_deletions_by_resume_none_and_by_discarding_newer_checkpo
     policy = write_tiny_model(tmp_path / "policy")  # the config fingerprint reads the model's config.json
     cfg = load_experiment("configs/quickstart.yaml", [f"run.output_dir={tmp_path}", f"model.path={policy}",
                                                       f"checkpoint.dir={tmp_path / 'ck'}"])
-    checkpoints = Checkpointer(cfg, World(0, 1, 0, torch.device("cpu")))
+    return Checkpointer(cfg, World(0, 1, 0, torch.device("cpu")), **writer_kw)
+
+
+def test_replaced_checkpoints_are_set_aside_until_this_launch_commits(tmp_path):
+    committed = []
+    checkpoints = _checkpointer(tmp_path, on_commit=lambda: committed.append(True))
     root = checkpoints.root
     for step in (2, 4):
         save(root, step, world_size=1)
+    before = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != LATEST}
     assert (root / LATEST).read_text().strip() == "step-00000004"
-    checkpoints.discard_newer(2)  # resuming from step 2 abandons step 4
+    assert checkpoints.replace_newer(2) == root / "replaced" / "1"  # resuming from step 2 abandons step 4
     assert (root / LATEST).read_text().strip() == "step-00000002"
-    checkpoints.discard_newer(0)  # --resume none: start over
+    assert checkpoints.replace_newer(0) == root / "replaced" / "2"  # --resume none --overwrite: start over
     assert not (root / LATEST).exists() and not list(root.glob("step-*"))
+    assert checkpoints.find("auto") is None  # nothing set aside is ever resumed
+    kept = {p.relative_to(root / "replaced" / n): p.read_bytes() for n in "12"
+            for p in (root / "replaced" / n).rglob("*") if p.is_file()}
+    assert kept == before  # every byte of both checkpoints, until ...
+    checkpoints.save(6, _Source())
+    checkpoints.finish()  # ... this launch's first checkpoint commits
+    assert committed and not (root / "replaced").exists() and (root / LATEST).read_text().strip() == "step-00000006"
+
+
+class _Source:
+    replicated = ("shared",)
+
+    def state_dict(self):
+        return {"progress": {"step": 6}, "shared": {"w": torch.ones(2)}}
+
+
+def test_resume_none_over_checkpoints_needs_overwrite(tmp_path):
+    checkpoints = _checkpointer(tmp_path)
+    assert checkpoints.find("none") is None  # nothing to replace yet
+    save(checkpoints.root, 2, world_size=1)
+    with pytest.raises(CheckpointError, match=r"has 1 checkpoint\(s\) in .*newest step-00000002.*add --overwrite"):
+        checkpoints.find("none")
+    assert checkpoints.find("none", overwrite=True) is None
+    assert (checkpoints.root / "step-00000002").is_dir()  # finding only reads
+
+
+def test_set_aside_numbers_each_launch_and_copies_what_is_rewritten(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("a\n")
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "model.safetensors").write_text("w")
+    assert set_aside(tmp_path, move=["summary.json"]) is None  # absent entries are skipped
+    first = set_aside(tmp_path, move=["policy"], copy=["metrics.jsonl"])
+    assert first == tmp_path / "replaced" / "1" and (first / "policy" / "model.safetensors").read_text() == "w"
+    assert (first / "metrics.jsonl").read_text() == (tmp_path / "metrics.jsonl").read_text() == "a\n"
+    second = set_aside(tmp_path, move=["metrics.jsonl"])  # a later launch that also did not commit
+    assert second == tmp_path / "replaced" / "2" and not (tmp_path / "metrics.jsonl").exists()
+    drop_aside(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    drop_aside(tmp_path)  # nothing set aside: nothing to do

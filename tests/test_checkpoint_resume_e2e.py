@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from e2e import ONE_TOKEN_GRPO, env, experiment, torchrun_args
+from e2e import ONE_TOKEN_GRPO, env, experiment, process_tree, torchrun_args
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
@@ -54,24 +54,6 @@ def wait_for(proc: subprocess.Popen, condition, timeout_s: float = 300) -> None:
             proc.kill()
             raise AssertionError("the run ended or stalled before the expected moment:\n" + finish(proc)[-3000:])
         time.sleep(0.02)
-
-
-def process_tree(root_pid: int) -> list[int]:
-    """root_pid and all its descendants (torchrun puts each rank in its own session, so killpg misses them)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = [], [root_pid]
-    while todo:
-        pid = todo.pop()
-        tree.append(pid)
-        todo += children.get(pid, [])
-    return tree
 
 
 def comparable(run_dir: Path) -> list[dict]:
@@ -132,7 +114,7 @@ def test_incompatible_config_is_refused_by_name(setup, uninterrupted):
     tmp, config = setup
     out = finish(launch(tmp, config, "full", "--resume", "auto", "trainer.lr=0.02"))
     assert "incompatible config" in out and "trainer.lr: checkpoint 0.01, now 0.02" in out, out[-3000:]
-    assert "--resume none to start this run over" in out, out[-3000:]
+    assert "--resume none --overwrite to start this run over" in out, out[-3000:]
 
 
 def test_rerunning_a_finished_run_reports_it_and_changes_nothing(setup, uninterrupted):

@@ -14,12 +14,13 @@ from pathlib import Path
 from functools import partial
 from typing import Any, Callable, Protocol
 
+from yatt.checkpoint.aside import drop_aside, set_aside
 from yatt.checkpoint.fingerprint import config_fingerprint
 from yatt.checkpoint.manifest import CheckpointError
 from yatt.checkpoint.resume import check_compatible, find_resume, load_part
 from yatt.checkpoint.snapshot import Snapshot, snapshot
-from yatt.checkpoint.writer import (CheckpointWriter, SaveJob, complete_checkpoints, point_latest, remove_dir,
-                                   remove_stale, step_dir_name)
+from yatt.checkpoint.writer import (CheckpointWriter, SaveJob, complete_checkpoints, point_latest, remove_stale,
+                                   step_dir_name)
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
 
@@ -52,24 +53,39 @@ class PreemptionFlag:
             signal.signal(s, handler)
 
 
+def checkpoint_root(cfg: ExperimentConfig) -> Path:
+    return Path(cfg.checkpoint.dir or cfg.run.run_dir / "checkpoints")
+
+
 class Checkpointer:
-    def __init__(self, cfg: ExperimentConfig, world: World):
+    """on_commit: called on rank 0 (by the writer thread: file-system work only) after each checkpoint commits, once
+    what this launch set aside in the checkpoint root is deleted (yatt.checkpoint.aside)."""
+
+    def __init__(self, cfg: ExperimentConfig, world: World, on_commit: Callable[[], None] | None = None):
         self.cfg, self.world = cfg, world
-        self.root = Path(cfg.checkpoint.dir or cfg.run.run_dir / "checkpoints")
+        self.root = checkpoint_root(cfg)
+        self._on_commit = on_commit
         self.fingerprint = config_fingerprint(cfg, world.size)
         token = world.broadcast_object(secrets.token_hex(4))  # one staging-dir token per launch, all ranks
         ck = cfg.checkpoint
         self.writer = CheckpointWriter(self.root, world.rank, world.size, token, ck.keep, ck.async_write,
-                                       ck.debug_write_delay_s)
+                                       ck.debug_write_delay_s, on_commit=self.committed)
         self.saved_step = -1
         self.stall_seconds: list[float] = []
 
     # ---- resume --------------------------------------------------------------------------------
-    def find(self, mode: str) -> tuple[Path, int] | None:
-        """(checkpoint dir, step) chosen and verified by rank 0 for every rank, or None to start fresh."""
+    def find(self, mode: str, overwrite: bool = False) -> tuple[Path, int] | None:
+        """(checkpoint dir, step) chosen and verified by rank 0 for every rank, or None to start fresh. Reads only:
+        `--resume none` over complete checkpoints is refused unless `overwrite` (CheckpointError, loud on rank 0)."""
         answer: Any = None
         if self.world.is_main:
             try:
+                if mode == "none" and not overwrite and (done := complete_checkpoints(self.root)
+                                                         if self.root.is_dir() else []):
+                    raise CheckpointError(
+                        f"run {self.cfg.run.run_dir} has {len(done)} checkpoint(s) in {self.root} (newest "
+                        f"{done[-1][1].name}); --resume none would start it over: add --overwrite (they are kept "
+                        "until the new run's first checkpoint commits), or choose another run.name")
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     found = find_resume(self.root, mode)
@@ -82,24 +98,28 @@ class Checkpointer:
                 answer = f"error: {err}"
         answer = self.world.broadcast_object(answer)
         if isinstance(answer, str):
-            raise CheckpointError(answer.removeprefix("error: "))
+            raise CheckpointError(answer.removeprefix("error: "), quiet=not self.world.is_main)
         return None if answer is None else (Path(answer[0]), answer[1])
 
-    def discard_newer(self, step: int) -> None:
-        """Before the first save: delete unfinished writes of earlier launches, and checkpoints after the
-        resume point (an abandoned timeline, which `auto` must never pick later)."""
-        if self.world.is_main:
-            self.root.mkdir(parents=True, exist_ok=True)
-            stale = remove_stale(self.root)
-            if stale:
-                print(f"checkpoint: removed unfinished writes of an earlier launch: {', '.join(stale)}", flush=True)
-            for s, folder in complete_checkpoints(self.root):
-                if s > step:
-                    print(f"checkpoint: removing {folder.name}, newer than the resume point (step {step})",
-                          flush=True)
-                    remove_dir(folder)
-            point_latest(self.root)
-        self.world.barrier()
+    def replace_newer(self, step: int) -> Path | None:
+        """Rank 0, once every input is checked and before the first save: delete unfinished writes of earlier
+        launches, and set aside (yatt.checkpoint.aside) the complete checkpoints after `step`, the resume point (0:
+        starting over): an abandoned timeline, which `auto` must never pick later, kept until this launch commits.
+        Where they went (None: nothing set aside). Other ranks do nothing: the caller barriers after it."""
+        if not self.world.is_main:
+            return None
+        self.root.mkdir(parents=True, exist_ok=True)
+        if stale := remove_stale(self.root):
+            print(f"checkpoint: removed unfinished writes of an earlier launch: {', '.join(stale)}", flush=True)
+        aside = set_aside(self.root, [folder.name for s, folder in complete_checkpoints(self.root) if s > step])
+        point_latest(self.root)
+        return aside
+
+    def committed(self) -> None:
+        """This launch has a complete checkpoint (or, saving none, has finished): what it set aside goes."""
+        drop_aside(self.root)
+        if self._on_commit is not None:
+            self._on_commit()
 
     def load(self, folder: Path, target: Stateful) -> None:
         state = load_part(folder, f"rank{self.world.rank}")

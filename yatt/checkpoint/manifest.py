@@ -20,7 +20,13 @@ _CHUNK = 8 << 20
 
 
 class CheckpointError(Exception):
-    """A checkpoint that cannot be used (missing, incomplete, corrupted, or from another config)."""
+    """A checkpoint that cannot be used (missing, incomplete, corrupted, or from another config), or a run directory
+    whose checkpoints a launch may not replace. `quiet`: raised on a rank that only learned it from rank 0 (which
+    reports it), so the launcher prints it once."""
+
+    def __init__(self, message: str, quiet: bool = False):
+        super().__init__(message)
+        self.quiet = quiet
 
 
 def file_digest(path: Path) -> str:

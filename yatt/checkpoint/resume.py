@@ -73,8 +73,8 @@ def check_compatible(folder: Path, manifest: dict[str, Any], fingerprint: dict[s
     diffs = fingerprint_differences(manifest["fingerprint"], fingerprint)
     if diffs:
         raise CheckpointError(f"checkpoint {folder} was written by an incompatible config; these fields must "
-                              "match to resume:\n  " + "\n  ".join(diffs)
-                              + "\nuse another run.name, or --resume none to start this run over")
+                              f"match to resume: {'; '.join(diffs)}; use another run.name, or --resume none "
+                              "--overwrite to start this run over")
 
 
 def load_part(folder: Path, stem: str) -> dict[str, Any]:

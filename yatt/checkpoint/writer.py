@@ -10,7 +10,8 @@ One save at step k, on every rank:
   2. writer thread of rank r: write its files into the staging dir, fsync them, then write
      `rank{r}.done.json` listing them with sizes and digests (atomically: write, fsync, rename);
   3. writer thread of rank 0: once every rank's done marker exists, write manifest.json, fsync, rename
-     the staging dir to step-k (atomic), point `latest` at it, and prune to the newest `keep`.
+     the staging dir to step-k (atomic), point `latest` at it, prune to the newest `keep`, and call `on_commit`
+     (the run drops what this launch set aside: yatt.checkpoint.aside).
 No collective runs on a background thread (gloo/NCCL collectives are not thread-safe against the main
 thread's): the done markers on the shared file system are the barrier. The staging name carries a
 token drawn once per launch, so markers left by a crashed launch can never complete a new save. A
@@ -65,9 +66,10 @@ class CheckpointWriter:
     """Writes this rank's part of each save, in a background thread (or inline when not async)."""
 
     def __init__(self, root: Path, rank: int, world_size: int, token: str, keep: int, async_write: bool = True,
-                 debug_write_delay_s: float = 0.0, commit_timeout_s: float = 1800.0):
+                 debug_write_delay_s: float = 0.0, commit_timeout_s: float = 1800.0,
+                 on_commit: Callable[[], None] | None = None):
         self.root, self.rank, self.world_size, self.token = Path(root), rank, world_size, token
-        self.keep, self.async_write = keep, async_write
+        self.keep, self.async_write, self.on_commit = keep, async_write, on_commit
         self.delay_s, self.commit_timeout_s = debug_write_delay_s, commit_timeout_s
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -153,6 +155,8 @@ class CheckpointWriter:
         fsync_dir(self.root)
         write_atomic(self.root / LATEST, final.name + "\n")
         self._prune()
+        if self.on_commit is not None:  # only file-system work: no collective may run on this thread
+            self.on_commit()
 
     def _prune(self) -> None:
         for _, old in complete_checkpoints(self.root)[:-self.keep]:

@@ -1,4 +1,13 @@
-"""A whole run: set up the shard (or resume it), evaluate, step, save checkpoints, export, summarise."""
+"""A whole run: check its inputs, ready the run directory, set up the shard (or resume it), evaluate, step, save
+checkpoints, export, summarise.
+
+The order is the operator's safety: every input is checked, reading only, before anything in the run directory
+changes. The config and the files it names are checked by the launcher (yatt.launcher); here, on every rank, this
+rank's data rows and images, then the checkpoint to resume and its config, then whether `--resume none` may start
+the run over. Only then does rank 0 touch the run directory, and what this launch replaces (an earlier run's
+checkpoints and record, or an abandoned timeline's) is set aside, not deleted, until this launch commits: its first
+complete checkpoint, or, when it saves none, its end (yatt.checkpoint.aside).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +15,13 @@ import json
 import resource
 import signal
 import time
+from functools import partial
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
+from yatt.checkpoint.aside import drop_aside, set_aside
 from yatt.checkpoint.checkpointer import Checkpointer, PreemptionFlag
 from yatt.config import ExperimentConfig
 from yatt.config_loading import dump_config
@@ -20,6 +32,9 @@ from yatt.controllers.sinks import open_sinks
 from yatt.controllers.shard import ControllerShard
 from yatt.data.prepare import load_rank_data
 from yatt.distributed import World, data_parallel_world
+
+# what a run writes into its directory and a fresh start replaces (logs/ and the run secret stay)
+RECORD = ("metrics.jsonl", "samples.jsonl", "summary.json", "config.yaml", "policy", "tensorboard")
 
 
 def _evals(records: list[dict]) -> tuple[dict, dict]:
@@ -36,40 +51,56 @@ def _finished_summary(run_dir, start_step: int, steps: int, world: World) -> dic
     if world.is_main and start_step >= steps and path.is_file():
         summary = json.loads(path.read_text())
         print(f"run {run_dir} already finished at step {start_step}: accuracy {summary.get('start_accuracy')} -> "
-              f"{summary.get('end_accuracy')}; raise run.steps to continue it, or --resume none to start it over",
-              flush=True)
+              f"{summary.get('end_accuracy')}; raise run.steps to continue it, or --resume none --overwrite to start "
+              "it over", flush=True)
     return world.broadcast_object(summary)
 
 
-def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") -> dict:
-    """resume: none | auto | PATH (see yatt.checkpoint.resume)."""
-    torch.set_num_threads(cfg.run.threads)
-    run_dir = cfg.run.run_dir
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    checkpoints = Checkpointer(cfg, world)
-    found = checkpoints.find(resume)
-    start_step = found[1] if found else 0
-    if finished := _finished_summary(run_dir, start_step, cfg.run.steps, world):
-        return finished
+def _open_run_dir(cfg: ExperimentConfig, world: World, checkpoints: Checkpointer,
+                  found: tuple[Path, int] | None) -> list[dict]:
+    """Rank 0 readies the run directory for this launch (every input is checked by now); the logged history up to
+    the resume step (empty when starting over). Every rank returns once the directory is ready."""
     history: list[dict] = []
+    run_dir = cfg.run.run_dir
     if world.is_main:
-        if found:
+        start_step = found[1] if found else 0
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        cut = checkpoints.replace_newer(start_step)
+        if found:  # the record is cut back to the resume step; an abandoned timeline's whole record is kept aside
+            aside = set_aside(run_dir, move=[], copy=["metrics.jsonl", "samples.jsonl"] if cut else [])
             history = keep_metrics_until(run_dir / "metrics.jsonl", start_step)
             keep_samples_until(run_dir / "samples.jsonl", start_step)
             print(f"resuming from {found[0]} (step {start_step})", flush=True)
         else:
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-            (run_dir / "samples.jsonl").unlink(missing_ok=True)
+            aside = set_aside(run_dir, move=RECORD)
+        if cut or aside:
+            print(f"replacing an earlier run's files: kept in {' and '.join(str(a) for a in (cut, aside) if a)} "
+                  "until this run's first checkpoint commits (or, saving none, it ends)", flush=True)
         dump_config(cfg, run_dir / "config.yaml")
-    checkpoints.discard_newer(start_step)
+    world.barrier()
+    return history
 
+
+def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", overwrite: bool = False) -> dict:
+    """resume: none | auto | PATH (see yatt.checkpoint.resume); overwrite: let `none` start over a run that has
+    checkpoints (see the module docstring for what is checked when)."""
+    torch.set_num_threads(cfg.run.threads)
+    run_dir = cfg.run.run_dir
     wall_start = time.perf_counter()
-    if world.is_main:
-        print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
-    # the data is read and every prompt tokenized before any engine starts: a bad row stops the run here
-    # with tensor/pipeline parallelism the ranks of one model-parallel group share one data-parallel slice
+    # 1. the inputs, reading only. The data first, so a bad row is reported as itself whatever the resume mode,
+    # and before any engine starts (every prompt is tokenized). With tensor/pipeline parallelism the ranks of one
+    # model-parallel group share one data-parallel slice.
     data_world = data_parallel_world(world, *cfg.trainer.model_parallel)
     data = load_rank_data(cfg, data_world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
+    checkpoints = Checkpointer(cfg, world, on_commit=partial(drop_aside, run_dir))
+    found = checkpoints.find(resume, overwrite)  # verified, config-compatible; `none` over checkpoints needs overwrite
+    start_step = found[1] if found else 0
+    if finished := _finished_summary(run_dir, start_step, cfg.run.steps, world):
+        return finished
+    # 2. the run directory changes from here on
+    history = _open_run_dir(cfg, world, checkpoints, found)
+    if world.is_main:
+        print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
     shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data, data_world=data_world)
     if found:
         checkpoints.load(found[0], shard)
@@ -140,6 +171,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto") ->
         world.barrier()
         if world.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            checkpoints.committed()  # a run that saved no checkpoint commits here
             print(f"done: accuracy {summary['start_accuracy']} -> {summary['end_accuracy']} in "
                   f"{summary['wall_seconds']:.0f}s; run dir {run_dir}", flush=True)
         return summary
