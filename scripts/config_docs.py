@@ -22,6 +22,7 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
+from yatt.backends import BackendChoice  # noqa: E402
 from yatt.config import ExperimentConfig  # noqa: E402
 
 OUT = ROOT / "docs" / "config.md"
@@ -103,6 +104,11 @@ def render_section(model: type[BaseModel], key: str, out: list[str], seen: dict[
                 suffix = f" (kind={kinds})"
             is_list = typing.get_origin(_strip(field.annotation)) is list
             nested.append((sub, f"{key}.{name}{'[]' if is_list else ''}{suffix}"))
+    if issubclass(model, BackendChoice):  # each backend's own section, beside `backend` (yatt.backends)
+        for name in model.backends.names():
+            entry = model.backends.get(name)
+            if getattr(entry, "section", None):
+                nested.append((entry.config, f"{key}.{entry.section} (backend={name} only)"))
     for sub, sub_key in nested:
         render_section(sub, sub_key, out, seen)
 
