@@ -22,7 +22,7 @@ from yatt.checkpoint.snapshot import Snapshot
 from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
 from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
-from yatt.controllers.generation import GenerationStats, JudgeLane, assign_rewards, generate_and_judge
+from yatt.controllers.generation import GenerationStats, assign_rewards, generate_placed
 from yatt.controllers.images import load_batch_images
 from yatt.controllers.metrics import (STAGES, StageTimer, eval_metrics, eval_reductions, step_metrics,
                                       step_reductions)
@@ -37,8 +37,8 @@ from yatt.distributed import World
 from yatt.engines.base import SamplingSpec
 from yatt.genrm.judge import Judge
 from yatt.models.vision import ImageInputs, is_vision_model
-from yatt.placement.engine_lifecycle import ROLLOUT, genrm_role
-from yatt.placement.metrics import device_metrics, judge_metrics, maxed, pool_metrics, summed
+from yatt.placement.engine_lifecycle import ROLLOUT
+from yatt.placement.metrics import engine_busy, maxed, step_placement_metrics, summed
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
 
@@ -173,21 +173,10 @@ class ControllerShard:
             prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
             images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
-            generate = dict(rows=rows, prompt_ids=prompt_ids, seeds=seeds, sampling=self.sampling,
-                            tokenizer=self.tokenizer, step=step, round_=round_, run_seed=cfg.run.seed, images=images)
-            split = self.schedule.split
-            if cfg.placement.mode == "full":  # this device: rollout, then GenRM
-                rank = [self.devices.rank]
-                lanes = {n: JudgeLane(j, self.engines.pool(genrm_role(n), rank)) for n, j in self.judges.items()}
-                with self.placement.own("rollout"):
-                    rollouts, stats = generate_and_judge(
-                        rollout_pool=self.engines.pool(ROLLOUT, rank), lanes=lanes, stream=False,
-                        before_judging=lambda: self.placement.acquire("genrm"), **generate)
-            else:  # partial: rollout and GenRM devices at once
-                lanes = {n: JudgeLane(j, self.engines.pool(genrm_role(n), split.genrm)) for n, j in self.judges.items()}
-                with self.placement.own(split.role_of(self.devices.rank)):
-                    rollouts, stats = generate_and_judge(rollout_pool=self.engines.pool(ROLLOUT, split.rollout),
-                                                         lanes=lanes, stream=True, **generate)
+            rollouts, stats = generate_placed(
+                self.engines, self.placement, self.schedule.split, self.devices.rank, self.judges, rows=rows,
+                prompt_ids=prompt_ids, seeds=seeds, sampling=self.sampling, tokenizer=self.tokenizer, step=step,
+                round_=round_, run_seed=cfg.run.seed, images=images)
             if self.algorithm.estimator.needs_greedy_baseline:
                 with self.placement.own("rollout"):
                     set_greedy_baselines(rollouts, self.engines.pool(ROLLOUT, [self.world.rank]), rows, prompt_ids,
@@ -199,30 +188,17 @@ class ControllerShard:
 
     def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer,
                            busy_before: dict[str, float], restarted: int) -> dict[str, float]:
-        """Per-device time per role and idle fraction, judge throughput and queue; picks the next split."""
-        busy = {role: max(0.0, s - busy_before.get(role, 0.0)) for role, s in self.engines.busy_seconds().items()}
-        rollout_busy = busy.pop(ROLLOUT, 0.0)
-        judge_busy, owned = sum(busy.values()), self.placement.take_metrics()
-        load = summed(self.world, {"load/rollout_busy_s": rollout_busy, "load/genrm_busy_s": judge_busy,
-                                   "restarts": float(self.engines.take_restarts())})  # during this step
-        restarted += int(load.pop("restarts"))
-        if restarted:
+        """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics);
+        looks restarted engines up again, and picks the next step's split."""
+        busy = {**engine_busy(busy_before, self.engines.busy_seconds()),
+                "train": timer.seconds["logprobs"] + timer.seconds["update"]}
+        out = step_placement_metrics(self.world, busy, self.placement.take_metrics(), self.engines.take_restarts(),
+                                     restarted, gen, self.schedule.split, self.devices.size,
+                                     sum(timer.seconds.values()), self.judges, rollouts)
+        if out["placement/engine_restarts"]:
             self.engines.forget_endpoints()
-        split = self.schedule.split
-        out = {**load, **maxed(self.world, {"placement/switch_s": owned["placement/switch_s"],
-                                            "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
-                                            "time/rollout_phase_s": gen.rollout_s, "time/judge_tail_s": gen.judge_tail_s}),
-               "placement/switches": owned["placement/switches"], "placement/engine_restarts": float(restarted),
-               "placement/rollout_devices": float(len(split.rollout) if split else self.devices.size),
-               "placement/genrm_devices": float(len(split.genrm) if split else self.devices.size)}
-        train_busy = timer.seconds["logprobs"] + timer.seconds["update"]
-        out.update(device_metrics(self.world, owned, rollout_busy + judge_busy + train_busy, sum(timer.seconds.values())))
-        if self.judges:
-            out.update(judge_metrics(self.world, self.judges, rollouts, gen.judged, gen.unparseable, judge_busy,
-                                     gen.max_judge_queue))
-        out.update(pool_metrics(self.world, gen.pools, list(self.judges)))
         # every rank saw the same sums, so all choose the same split for the next step
-        self.schedule.observe(load["load/rollout_busy_s"], load["load/genrm_busy_s"])
+        self.schedule.observe(out["load/rollout_busy_s"], out["load/genrm_busy_s"])
         return out
 
     # ---- checkpoint state ------------------------------------------------------------------------
