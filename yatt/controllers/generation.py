@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from yatt.data.images import PromptImages
 from yatt.controllers.rollouts import group_rollouts
+from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec

@@ -118,18 +118,6 @@ def step_metrics(cfg: ExperimentConfig, stats: tuple[str, ...], world_size: int,
     return metrics
 
 
-def eval_reductions(rollouts: list[Rollout]) -> dict[str, float]:
-    """This rank's part of the evaluation's metrics, to sum over ranks."""
-    return {"full": float(sum(r.reward >= 1.0 for r in rollouts)), "score": float(sum(r.reward for r in rollouts)),
-            "count": float(len(rollouts))}
-
-
-def eval_metrics(s: dict[str, float]) -> dict[str, float]:
-    """eval/accuracy: the fraction of prompts with a full score (verifier score >= 1); eval/score: the mean
-    verifier score (partial credit counts); from eval_reductions summed over ranks."""
-    return {"eval/accuracy": s["full"] / s["count"], "eval/score": s["score"] / s["count"], "eval/count": s["count"]}
-
-
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

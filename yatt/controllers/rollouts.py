@@ -8,8 +8,8 @@ import hashlib
 from yatt.balance.exchange import Plan, rebalance
 from yatt.config import BalanceConfig
 from yatt.data.images import PromptImages
-from yatt.data.rollout import Rollout
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
+from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.distributed import World
 from yatt.engines.base import Completion, SamplingSpec

@@ -13,7 +13,6 @@ samples that load balancing moves (yatt.balance.exchange).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from yatt.checkpoint.export import export_snapshot
@@ -21,15 +20,14 @@ from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.checkpoint.snapshot import Snapshot
 from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
-from yatt.controllers.dynamic_sampling import DynamicSampler, reduce_metrics
+from yatt.controllers.dynamic_sampling import DynamicSampler, in_groups, reduce_metrics
+from yatt.controllers.evaluation import evaluate_greedy
 from yatt.controllers.generation import GenerationStats, assign_rewards, generate_placed
 from yatt.controllers.images import load_batch_images
-from yatt.controllers.metrics import (STAGES, StageTimer, eval_metrics, eval_reductions, step_metrics,
-                                      step_reductions)
+from yatt.controllers.metrics import STAGES, StageTimer, step_metrics, step_reductions
 from yatt.controllers.minibatches import mini_batches
 from yatt.controllers.policy import advantage_input, old_logprobs, policy_update, token_batch
-from yatt.controllers.rollouts import (encode_prompts, generate_rollouts, rebalance_groups, sample_seed,
-                                       score_rollouts, set_greedy_baselines)
+from yatt.controllers.rollouts import encode_prompts, rebalance_groups, sample_seed, set_greedy_baselines
 from yatt.data.prepare import RankData, load_rank_data
 from yatt.data.rollout import Rollout
 from yatt.data.stream import PromptStream
@@ -63,19 +61,18 @@ class ControllerShard:
         self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids
         # a VL policy's processor: a step reads and encodes its image rows when it starts (yatt.controllers.images)
         self.image_inputs = ImageInputs(cfg.model.path) if is_vision_model(cfg.model.path) else None
-        self.last_eval: list[Rollout] = []  # the latest evaluation's and step's rollouts (for samples.jsonl)
-        self.last_rollouts: list[Rollout] = []
+        # what goes next to exported weights: the tokenizer, or a VL policy's processor (tokenizer + image
+        # processor), so the folder loads as the same kind of model
+        self.saved_with_weights = self.image_inputs.processor if self.image_inputs is not None else self.tokenizer
+        # the latest evaluation's and step's rollouts (samples.jsonl shows some)
+        self.last_eval, self.last_rollouts = [], []
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
         self.schedule = GenerationSchedule(cfg.placement, self.devices.size)
-        self.placement = DeviceOwnership({
-            # an engine killed between stages is restarted by these, not fatal (engine_lifecycle._each)
-            "rollout": HookRole(lambda: self.engines.sleep(ROLLOUT), lambda: self.engines.wake(ROLLOUT)),
-            "genrm": HookRole(lambda: self.engines.sleep("genrm"), lambda: self.engines.wake("genrm")),
-            "train": HookRole(lambda: [t.offload() for t in self._trainers()],
-                              lambda: [t.onload() for t in self._trainers()]),
-        }, initial_owner="rollout")
-        self.sampler = DynamicSampler(cfg.algorithm.dynamic_sampling) if cfg.algorithm.dynamic_sampling.enabled else None
-        r, eos = cfg.rollout, self.tokenizer.eos_token_id
+        self.placement = DeviceOwnership({**self.engines.device_roles(), "train": HookRole(
+            lambda: [t.offload() for t in self._trainers()], lambda: [t.onload() for t in self._trainers()])},
+            initial_owner="rollout")
+        dynamic, r, eos = cfg.algorithm.dynamic_sampling, cfg.rollout, self.tokenizer.eos_token_id
+        self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
         self.sampling = SamplingSpec(n=r.group_size, temperature=r.temperature, top_p=r.top_p,
                                      max_tokens=r.max_new_tokens, stop_token_ids=[eos], logprobs=True)
         self.greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=r.max_new_tokens, stop_token_ids=[eos],
@@ -92,7 +89,7 @@ class ControllerShard:
         timer = StageTimer(STAGES)
         restarted, busy_before = self.engines.heal(), self.engines.busy_seconds()
         rollouts, generation, sampling_metrics = self.produce(step, timer)
-        self.last_rollouts = rollouts  # this rank's scored rollouts (samples.jsonl shows some)
+        self.last_rollouts = rollouts
         metrics, balance_metrics = self.consume(rollouts, step, timer)
         metrics.update(self._placement_metrics(rollouts, generation, timer, busy_before, restarted))
         self.last_step = step
@@ -110,10 +107,9 @@ class ControllerShard:
 
         if self.sampler is None:
             rollouts, sampling_metrics = generate(self.prompts_per_rank, 0), {}
-        else:
-            g = self.cfg.rollout.group_size
-            groups, counts = self.sampler.collect(self.prompts_per_rank, lambda count, round_: [
-                rollouts[i : i + g] for rollouts in [generate(count, round_)] for i in range(0, len(rollouts), g)])
+        else:  # rounds until prompts_per_rank groups with reward variance (or max_rounds)
+            groups, counts = self.sampler.collect(self.prompts_per_rank, lambda count, round_: in_groups(
+                generate(count, round_), self.cfg.rollout.group_size))
             rollouts, sampling_metrics = [r for group in groups for r in group], reduce_metrics(self.world, counts)
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
@@ -132,8 +128,7 @@ class ControllerShard:
                                  cfg.algorithm.mini_batches, run_seed=cfg.run.seed, step=step, rank=self.world.rank)
             policy_trains = self.critic is None or not self.critic.warming_up(step)  # critic.warmup_steps
             with timer("logprobs"):
-                old_lp, entropy = old_logprobs(self.trainer, algo, batch, minis[0], self.ref is not None,
-                                               policy_trains)
+                old_lp, entropy = old_logprobs(self.trainer, algo, batch, minis[0], self.ref is not None, policy_trains)
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
                 values = self.critic.values(batch) if self.critic else None
             with timer("advantages"):
@@ -209,27 +204,23 @@ class ControllerShard:
         parts = {"trainer": self.trainer, **({"critic": self.critic.trainer} if self.critic else {})}
         return tuple(name for name, part in parts.items() if part.replicated)
 
+    def _stateful(self) -> dict:
+        """The parts with their own state, by checkpoint key; a new stateful component adds its key here. The
+        reference model is not one: it is frozen at model.path."""
+        optional = {"sampler": self.sampler, "critic": self.critic}
+        return {"trainer": self.trainer, "train_stream": self.train_stream, "kl_control": self.algorithm.kl_control,
+                **{key: part for key, part in optional.items() if part is not None}}
+
     def state_dict(self) -> dict[str, dict]:
-        """Everything resuming needs, as named component states (live references; yatt.checkpoint copies
-        them). A new stateful component adds one key here and in
-        load_state_dict. The reference model is not saved: it is frozen at model.path."""
-        return {"trainer": self.trainer.state_dict(), "train_stream": self.train_stream.state_dict(),
-                "rng": rng_state(), "progress": {"step": self.last_step, "samples_trained": self.samples_trained},
-                "kl_control": self.algorithm.kl_control.state_dict(),
-                **({"sampler": self.sampler.state_dict()} if self.sampler else {}),
-                **({"critic": self.critic.state_dict()} if self.critic else {})}
+        """Everything resuming needs, as named component states (live references; yatt.checkpoint copies them)."""
+        return {**{key: part.state_dict() for key, part in self._stateful().items()}, "rng": rng_state(),
+                "progress": {"step": self.last_step, "samples_trained": self.samples_trained}}
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
         """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
-        self.trainer.load_state_dict(state["trainer"])
-        self.train_stream.load_state_dict(state["train_stream"])
-        self.last_step = state["progress"]["step"]
-        self.samples_trained = state["progress"]["samples_trained"]
-        self.algorithm.kl_control.load_state_dict(state["kl_control"])
-        if self.sampler:
-            self.sampler.load_state_dict(state["sampler"])
-        if self.critic:
-            self.critic.load_state_dict(state["critic"])
+        for key, part in self._stateful().items():
+            part.load_state_dict(state[key])
+        self.last_step, self.samples_trained = state["progress"]["step"], state["progress"]["samples_trained"]
         with self.placement.own("rollout"):
             self.engines.push_policy()
         self.placement.take_metrics()  # the load's timing is not the first step's
@@ -237,33 +228,21 @@ class ControllerShard:
 
     # ---- evaluation, export, shutdown ---------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """Greedy decoding of the held-out split, scored by the rule verifier (yatt.controllers.metrics.eval_metrics)."""
+        """Greedy decoding of the held-out split (yatt.controllers.evaluation); {} without one."""
         if self.cfg.data.eval is None:
             return {}
-        start, rollouts = time.perf_counter(), []
-        if self.eval_rows:  # a rank may hold no held-out rows; it still joins the sums
-            images = load_batch_images(self.eval_rows, self.image_inputs, self.eval_prompt_ids)  # read for this eval
-            with self.placement.own("rollout"):
-                rollouts = generate_rollouts(self.engines.pool(ROLLOUT, [self.world.rank]), self.eval_rows,
-                                             self.eval_prompt_ids, self.greedy, self.tokenizer, None, images)
-            score_rollouts(rollouts)
-        self.last_eval = rollouts
-        return {**eval_metrics(summed(self.world, eval_reductions(rollouts))), "time/eval_s": time.perf_counter() - start}
-
-    @property
-    def _saved_with_weights(self):
-        """What goes next to exported weights: the tokenizer, or a VL policy's processor (tokenizer + image
-        processor), so the folder loads as the same kind of model."""
-        return self.image_inputs.processor if self.image_inputs is not None else self.tokenizer
+        metrics, self.last_eval = evaluate_greedy(self.world, self.engines, self.placement, self.eval_rows,
+                                                  self.eval_prompt_ids, self.image_inputs, self.greedy, self.tokenizer)
+        return metrics
 
     def export_policy(self, folder: Path) -> None:
-        self.trainer.save_hf(folder, self._saved_with_weights)
+        self.trainer.save_hf(folder, self.saved_with_weights)
 
     def export_checkpoint(self, folder: Path, snap: Snapshot) -> None:
         """The policy as a Hugging Face folder, from a checkpoint's host copy of the replicated state
         (checkpoint.export_hf; runs in the background writer)."""
         export_snapshot(folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config,
-                        self._saved_with_weights)
+                        self.saved_with_weights)
 
     def close(self) -> None:
         self.engines.close()

@@ -24,6 +24,7 @@ from yatt.engines.client import EngineClient, EngineDied, connect_engine, spawn_
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import judge_engine
+from yatt.placement.ownership import HookRole
 from yatt.transport.secret import run_secret
 
 ROLLOUT = "rollout"
@@ -111,6 +112,12 @@ class EngineServices:
             self.local[role].close()
             self._start(role)
             self.uncounted_restarts += 1
+
+    def device_roles(self) -> dict[str, HookRole]:
+        """The engines' roles on this device (yatt.placement.ownership): ROLLOUT's and "genrm"'s engines sleep
+        when the device changes owner and wake when it comes back to them."""
+        return {kind: HookRole(lambda kind=kind: self.sleep(kind), lambda kind=kind: self.wake(kind))
+                for kind in (ROLLOUT, "genrm")}
 
     def sleep(self, kind: str) -> list[dict]:
         """Offload this rank's `kind` engines (ROLLOUT or "genrm"); one found dead is restarted (and slept)."""
