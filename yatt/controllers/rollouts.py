@@ -80,4 +80,4 @@ def rebalance_groups(world: World, rollouts: list[Rollout], cfg: BalanceConfig, 
     for i, r in enumerate(rollouts):
         r.origin = (world.rank, i)
     unit = group_size if cfg.keep_groups is not False else 1
-    return rebalance(world, rollouts, unit, cfg.attention_coef, cfg.partitioner, cfg.equal_count, enabled=cfg.enabled)
+    return rebalance(world, rollouts, unit, cfg.attention_coef, cfg.partitioner, cfg.equal_count)
