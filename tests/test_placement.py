@@ -3,6 +3,7 @@
 import pytest
 
 from yatt.config import PlacementConfig
+from yatt.placement.metrics import engine_busy
 from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule, choose_rollout_devices, split_devices
 
@@ -68,3 +69,10 @@ def test_ownership_switches_run_hooks_and_charge_time():
         "placement/owned_rollout_s", "placement/owned_genrm_s", "placement/owned_train_s"}
     with pytest.raises(KeyError, match="unknown role"):
         own.acquire("critic")
+
+
+def test_engine_busy_is_the_seconds_since_the_last_reading_per_kind():
+    before = {"rollout": 1.0, "genrm-a": 2.0}
+    now = {"rollout": 4.0, "genrm-a": 2.5, "genrm-b": 1.0}  # b restarted, or new: counted from 0
+    assert engine_busy(before, now) == {"rollout": 3.0, "genrm": 1.5}
+    assert engine_busy(now, {"rollout": 0.5, "genrm-a": 3.0, "genrm-b": 1.0}) == {"rollout": 0.0, "genrm": 0.5}

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from yatt.config import load_experiment
 from yatt.controllers.components import build_components
+from yatt.controllers.metrics import STAGES, StageTimer
 from yatt.controllers.shard import ControllerShard
 from yatt.distributed import World
 from yatt.engines.base import Completion, SamplingSpec
@@ -125,6 +126,25 @@ def test_step_trains_on_the_engine_samples_and_syncs_the_weights(shard):
     # full placement: rollout -> train -> rollout, and the engine slept while the trainer owned the device
     assert metrics["placement/switches"] == 2 and engine.sleeps == 1
     assert {f"time/{stage}_s" for stage in ("generate", "reward", "logprobs", "update", "sync")} <= set(metrics)
+
+
+def test_the_stages_hand_their_data_on_as_return_values(shard):
+    """produce -> consume: what generation made (and its statistics) comes back from it; nothing per-step is
+    left on the shard, and the shard sets nothing on the engine services (the factory gave them the policy)."""
+    shard, [engine] = shard
+    shard_attrs, services = set(vars(shard)), dict(vars(shard.engines))
+    timer = StageTimer(STAGES)
+    rollouts, generation, sampling_metrics = shard.produce(1, timer)
+    assert len(rollouts) == 64 and sampling_metrics == {}
+    assert generation.rollout_s > 0 and generation.pools["rollout/rerouted"] == 0 and timer.seconds["generate"] > 0
+    metrics, balance_metrics = shard.consume(rollouts, 1, timer)
+    assert metrics["rollout/samples"] == 64 and metrics["reward/mean"] == 8 / 64 and balance_metrics == {}
+    assert set(vars(shard)) == shard_attrs
+    assert set(vars(shard.engines)) == set(services) and shard.engines.policy_weights is services["policy_weights"]
+    assert services["policy_weights"].__qualname__.startswith("build_components.")  # bound by the factory
+    trained = dict(shard.trainer.named_weights())
+    pushed = {name: t for bucket in shard.engines.policy_weights() for name, t in bucket}
+    assert set(pushed) == set(trained) and engine.updates  # the sync pushed what policy_weights gives
 
 
 def test_the_step_follows_the_configured_algorithm(shard):

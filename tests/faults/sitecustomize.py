@@ -6,7 +6,8 @@ the seams the controller calls and SIGKILLs one of the rank's own engines at eac
 YATT_TEST_KILL, e.g. "generate@1,judge@2,train@2,sync@3,eval@2" (phase@step, each once):
 
 - generate / judge: right after the step's rollout / judge requests were submitted to the engine;
-- train: when the update starts, while the rollout engine sleeps (it is found dead at the next wake);
+- train: when the policy update starts (the shard's `policy_update`), while the rollout engine sleeps (it is
+  found dead at the next wake);
 - sync: when the weight push starts (the engine dies under the update);
 - eval: just before the held-out evaluation that follows step N.
 
@@ -19,6 +20,7 @@ import signal
 _SPEC = os.environ.get("YATT_TEST_KILL", "")
 
 if _SPEC and os.environ.get("RANK") == "0":
+    from yatt.controllers import shard as shard_module
     from yatt.controllers.shard import ControllerShard
     from yatt.engines.pool import EnginePool
     from yatt.placement.engine_lifecycle import ROLLOUT, EngineServices
@@ -59,15 +61,16 @@ if _SPEC and os.environ.get("RANK") == "0":
             judging = any(name.startswith("genrm-") for name in self.engines)
             kill("judge", "genrm-") if judging else kill("generate", ROLLOUT)
 
-    update, push_weights = ControllerShard._update, EngineServices.push_weights
+    update, push_weights = shard_module.policy_update, EngineServices.push_weights
 
-    def traced_update(self, *args):
+    def traced_update(*args, **kwargs):
         kill("train", ROLLOUT)
-        return update(self, *args)
+        return update(*args, **kwargs)
 
     def traced_push_weights(self, buckets):
         kill("sync", ROLLOUT)
         return push_weights(self, buckets)
 
-    ControllerShard.step, ControllerShard.evaluate, ControllerShard._update = traced_step, traced_evaluate, traced_update
+    ControllerShard.step, ControllerShard.evaluate = traced_step, traced_evaluate
+    shard_module.policy_update = traced_update
     EnginePool.submit, EngineServices.push_weights = traced_submit, traced_push_weights

@@ -51,6 +51,7 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
                               total_steps=cfg.run.steps * per_step, head="value")
         critic = Critic(cfg.critic, value_model, world, cfg.critic.loss_agg or cfg.algorithm.loss_agg,
                         norm_length=cfg.rollout.max_new_tokens)
+    bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20  # the engines load the policy in buckets this big
+    engines = EngineServices(cfg, world, run_dir, spawn, policy_weights=lambda: trainer.engine_weights(bucket_bytes))
     return Components(tokenizer=AutoTokenizer.from_pretrained(str(cfg.model.path)), trainer=trainer, ref=ref,
-                      engines=EngineServices(cfg, world, run_dir, spawn), algorithm=Algorithm(cfg.algorithm),
-                      critic=critic)
+                      engines=engines, algorithm=Algorithm(cfg.algorithm), critic=critic)

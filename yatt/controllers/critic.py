@@ -18,6 +18,7 @@ from yatt.algorithms.gae import critic_targets
 from yatt.algorithms.value_loss import clipped_value_loss
 from yatt.controllers.minibatches import global_mini_batches
 from yatt.distributed import World
+from yatt.placement.metrics import summed
 from yatt.trainers.base import Trainer
 from yatt.tensors import LossFn
 from yatt.tensors import TokenBatch
@@ -78,18 +79,19 @@ class Critic:
         a step that trained only the critic."""
         mask, values, returns = batch.mask, batch.extras["values"], batch.extras["returns"]
         error = returns - values
-        local = [update["tokens"], *(update[k] for k in STATS), float(mask.sum()), float(masked_sum(values, mask)),
-                 float(masked_sum(returns, mask)), float(masked_sum(returns**2, mask)), float(masked_sum(error, mask)),
-                 float(masked_sum(error**2, mask))]
-        trained, *stat_sums, count, v_sum, r_sum, r_sq, e_sum, e_sq = self.world.sum(local)
-        n = max(count, 1.0)
-        var_returns = r_sq / n - (r_sum / n) ** 2
-        var_error = e_sq / n - (e_sum / n) ** 2
+        s = summed(self.world, {
+            "trained_tokens": update["tokens"], **{k: update[k] for k in STATS}, "tokens": float(mask.sum()),
+            "values": float(masked_sum(values, mask)), "returns": float(masked_sum(returns, mask)),
+            "returns_sq": float(masked_sum(returns**2, mask)), "error": float(masked_sum(error, mask)),
+            "error_sq": float(masked_sum(error**2, mask))})
+        n = max(s["tokens"], 1.0)
+        var_returns = s["returns_sq"] / n - (s["returns"] / n) ** 2
+        var_error = s["error_sq"] / n - (s["error"] / n) ** 2
         steps = max(update["optimizer_steps"], 1.0)
         return {
-            **{f"critic/{k}": s / max(trained, 1.0) for k, s in zip(STATS, stat_sums)},
-            "critic/value_mean": v_sum / n,
-            "critic/returns_mean": r_sum / n,
+            **{f"critic/{k}": s[k] / max(s["trained_tokens"], 1.0) for k in STATS},
+            "critic/value_mean": s["values"] / n,
+            "critic/returns_mean": s["returns"] / n,
             "critic/explained_var": 1.0 - var_error / var_returns if var_returns > 1e-12 else 0.0,
             "critic/grad_norm": update["grad_norm"] / steps,
             "critic/lr": update["lr"] / steps,

@@ -15,6 +15,8 @@ from typing import Callable
 
 from yatt.config import DynamicSamplingConfig
 from yatt.data.rollout import Rollout
+from yatt.distributed import World
+from yatt.placement.metrics import maxed, summed
 
 Group = list[Rollout]
 GenerateGroups = Callable[[int, int], list[Group]]  # (prompts, round) -> scored groups
@@ -81,13 +83,16 @@ class DynamicSampler:
         self.queue = [[Rollout.from_dict(r) for r in g] for g in state["queue"]]
 
 
-def reduce_metrics(world, metrics: dict[str, float]) -> dict[str, float]:
+def in_groups(rollouts: list[Rollout], size: int) -> list[Group]:
+    """Consecutive groups of `size` (generation returns a prompt's samples together)."""
+    return [rollouts[i : i + size] for i in range(0, len(rollouts), size)]
+
+
+def reduce_metrics(world: World, metrics: dict[str, float]) -> dict[str, float]:
     """Over ranks: counts summed, the ratio averaged, rounds and short steps as the worst rank's."""
-    keys = sorted(metrics)
-    sums = dict(zip(keys, world.sum([metrics[k] for k in keys])))
-    maxes = dict(zip(keys, world.max([metrics[k] for k in keys])))
-    out = dict(sums)
-    out["dynamic_sampling/oversample_ratio"] = sums["dynamic_sampling/oversample_ratio"] / world.size
+    ordered = {k: metrics[k] for k in sorted(metrics)}  # the same order on every rank
+    out, maxes = summed(world, ordered), maxed(world, ordered)
+    out["dynamic_sampling/oversample_ratio"] /= world.size
     for k in ("dynamic_sampling/rounds", "dynamic_sampling/short_steps"):
         out[k] = maxes[k]
     return out

@@ -3,7 +3,8 @@
 `stream=False` (full colocation): all rollouts finish, then the device changes owner, then the
 judges run. `stream=True` (partial colocation): rollout and judge engines run at the same time on
 different devices, and each prompt's group goes to a judge the moment it is finished, so judging
-overlaps the slowest rollouts instead of waiting for them.
+overlaps the slowest rollouts instead of waiting for them. `generate_placed` picks the mode and the engines
+from the placement; `generate_and_judge` runs it.
 """
 
 from __future__ import annotations
@@ -15,14 +16,17 @@ from typing import Callable
 
 import torch
 
-from yatt.data.images import PromptImages
 from yatt.controllers.rollouts import group_rollouts
+from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.engines.base import SamplingSpec
 from yatt.engines.pool import EnginePool, Request
 from yatt.genrm.judge import Judge
 from yatt.genrm.mixing import mix_rewards
+from yatt.placement.engine_lifecycle import ROLLOUT, EngineServices, genrm_role
+from yatt.placement.ownership import DeviceOwnership
+from yatt.placement.plan import GenerationSplit
 from yatt.rewards.rules import score as rule_score
 
 
@@ -61,6 +65,22 @@ class GenerationStats:
             for k, v in r.pools.items():
                 out.pools[k] = out.pools.get(k, 0.0) + v
         return out
+
+
+def generate_placed(engines: EngineServices, placement: DeviceOwnership, split: GenerationSplit | None, rank: int,
+                    judges: dict[str, Judge], **kwargs) -> tuple[list[Rollout], GenerationStats]:
+    """generate_and_judge (given `kwargs` but the engines) on the devices the placement gives each role. Full
+    (no split): this device rolls out, then changes owner and judges. Partial: the split's rollout and GenRM
+    devices at once, each group judged as soon as it is back."""
+    if split is None:
+        lanes = {name: JudgeLane(j, engines.pool(genrm_role(name), [rank])) for name, j in judges.items()}
+        with placement.own("rollout"):
+            return generate_and_judge(rollout_pool=engines.pool(ROLLOUT, [rank]), lanes=lanes, stream=False,
+                                      before_judging=lambda: placement.acquire("genrm"), **kwargs)
+    lanes = {name: JudgeLane(j, engines.pool(genrm_role(name), split.genrm)) for name, j in judges.items()}
+    with placement.own(split.role_of(rank)):
+        return generate_and_judge(rollout_pool=engines.pool(ROLLOUT, split.rollout), lanes=lanes, stream=True,
+                                  **kwargs)
 
 
 def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds: list[int], sampling: SamplingSpec,

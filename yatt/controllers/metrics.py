@@ -1,13 +1,121 @@
-"""Per-step metrics: one JSON line per step in metrics.jsonl, and a readable progress line."""
+"""Per-step metrics: what the step measures, and where it goes (one JSON line per step in metrics.jsonl, and
+a readable progress line).
+
+The step's metrics are pure functions over named reductions: `step_reductions` gives this rank's values to
+sum and to max over ranks, the shard reduces each dict by name in one all-reduce (yatt.placement.metrics:
+summed, maxed), and `step_metrics` turns the reduced dicts into the logged metrics.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
+import torch
+from torch import Tensor
+
+from yatt.algorithms import kl_estimate, masked_sum
+from yatt.balance.workload import sample_workload
 from yatt.checkpoint.manifest import write_atomic
+from yatt.config import ExperimentConfig
+from yatt.data.rollout import Rollout
+from yatt.tensors import TokenBatch
+
+STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
+
+
+class StageTimer:
+    """Seconds per named stage of one step: `with timer("generate"): ...`."""
+
+    def __init__(self, stages: tuple[str, ...] = ()):
+        self.seconds: dict[str, float] = dict.fromkeys(stages, 0.0)  # same keys on every rank, even if unused
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def step_reductions(cfg: ExperimentConfig, stats: tuple[str, ...], rollouts: list[Rollout], batch: TokenBatch,
+                    entropy: Tensor, ref_lp: Tensor | None, update: dict[str, float], stage_seconds: dict[str, float]
+                    ) -> tuple[dict[str, float], dict[str, float]]:
+    """This rank's part of the step's metrics: (values to sum over ranks, values to max over ranks), by name.
+    `rollouts`: what this rank trained (after dynamic sampling and rebalancing); `stats`: the algorithm's loss
+    statistics, which `update` holds as sums over the trained tokens."""
+    mask = batch.mask
+    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    groups = rewards.view(-1, cfg.rollout.group_size)
+    lp_diff = (batch.extras["old_logprobs"] - batch.extras["rollout_logprobs"]).abs() * mask
+    kl_ref = float(masked_sum(kl_estimate(batch.extras["old_logprobs"], ref_lp, cfg.algorithm.kl_estimator),
+                              mask)) if ref_lp is not None else 0.0
+    lengths = mask.sum(dim=1)
+    workload = sum(sample_workload(len(r.prompt_ids), len(r.response_ids), cfg.balance.attention_coef)
+                   for r in rollouts)
+    sums = {
+        "reward": float(rewards.sum()),
+        "correct": float((rewards >= 1.0).sum()),
+        "samples": float(len(rollouts)),
+        "resp_tokens": float(lengths.sum()),
+        "truncated": float(sum(r.finish_reason == "length" for r in rollouts)),
+        "entropy": float(masked_sum(entropy, mask)),
+        "lp_diff": float(lp_diff.sum()),
+        "kl_ref": kl_ref,
+        "zero_var_groups": float((groups.std(dim=1) == 0).sum()),
+        "solved_groups": float((groups.max(dim=1).values >= 1.0).sum()),
+        "groups": float(groups.shape[0]),
+        "workload": workload,
+        "tokens": update["tokens"],
+        **{f"actor/{name}": update[name] for name in stats},
+    }
+    peaks = {  # a rank may hold no samples
+        "response/length_max": float(lengths.max()) if lengths.numel() else 0.0,
+        "rollout/trainer_logprob_diff_max": float(lp_diff.max()) if lp_diff.numel() else 0.0,
+        "workload": workload,
+        **{f"time/{k}_s": stage_seconds[k] for k in sorted(stage_seconds)},  # sorted: the same order on every rank
+    }
+    return sums, peaks
+
+
+def step_metrics(cfg: ExperimentConfig, stats: tuple[str, ...], world_size: int, s: dict[str, float],
+                 peaks: dict[str, float], update: dict[str, float]) -> dict[str, float]:
+    """The step's metrics from step_reductions' dicts summed (`s`) and maxed (`peaks`) over ranks, and this
+    rank's `update` (grad_norm, lr and skipped are the same on every rank)."""
+    steps = max(update["optimizer_steps"], 1.0)
+    den = {k: max(s[k], 1.0) for k in ("tokens", "samples", "resp_tokens", "groups")}  # 0 when nothing was kept
+    metrics = {
+        "reward/mean": s["reward"] / den["samples"],
+        "reward/correct_frac": s["correct"] / den["samples"],
+        "reward/zero_variance_group_frac": s["zero_var_groups"] / den["groups"],
+        "reward/pass_at_group": s["solved_groups"] / den["groups"],  # groups with >= 1 fully correct sample
+        "response/length_mean": s["resp_tokens"] / den["samples"],
+        "response/length_max": peaks["response/length_max"],
+        "response/truncated_frac": s["truncated"] / den["samples"],
+        **{f"actor/{name}": s[f"actor/{name}"] / den["tokens"] for name in stats},
+        "actor/entropy": s["entropy"] / den["resp_tokens"],
+        "actor/kl_ref": s["kl_ref"] / den["resp_tokens"],
+        "actor/grad_norm": update["grad_norm"] / steps,
+        "actor/lr": update["lr"] / steps,
+        "actor/skipped_steps": update["skipped"],
+        "rollout/trainer_logprob_diff_mean": s["lp_diff"] / den["resp_tokens"],
+        "rollout/trainer_logprob_diff_max": peaks["rollout/trainer_logprob_diff_max"],
+        "rollout/samples": s["samples"],
+        **{k: v for k, v in peaks.items() if k.startswith("time/")},
+    }
+    if not cfg.balance.enabled:  # what a balance plan would report: max over mean rank workload, nothing moved
+        imbalance = peaks["workload"] * world_size / s["workload"] if s["workload"] > 0 else 1.0
+        metrics.update({"balance/imbalance_before": imbalance, "balance/imbalance_after": imbalance,
+                        "balance/moved_samples": 0.0, "balance/moved_pixel_bytes": 0.0})
+    metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
+    if cfg.algorithm.dynamic_sampling.enabled:
+        metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
+    return metrics
 
 
 def _duration(seconds: float) -> str:

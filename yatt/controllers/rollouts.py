@@ -1,12 +1,17 @@
-"""Rollouts of one rank: prompts -> G sampled responses each (with the engine's logprobs) -> rewards."""
+"""Rollouts of one rank: prompts -> G sampled responses each (with the engine's logprobs) -> rewards (and
+ReMax's greedy baselines) -> rebalanced over ranks."""
 
 from __future__ import annotations
 
 import hashlib
+
+from yatt.balance.exchange import Plan, rebalance
+from yatt.config import BalanceConfig
 from yatt.data.images import PromptImages
-from yatt.data.rollout import Rollout
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
+from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
+from yatt.distributed import World
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.pool import EnginePool, Request
 from yatt.rewards.rules import score
@@ -52,3 +57,27 @@ def score_rollouts(rollouts: list[Rollout]) -> None:
     """Rule rewards, in place."""
     for r in rollouts:
         r.reward = score(r.text, r.row)
+
+
+def set_greedy_baselines(rollouts: list[Rollout], pool: EnginePool, rows: list[PromptRow], prompt_ids: list[list[int]],
+                         images: list[PromptImages | None], greedy: SamplingSpec, tokenizer, group_size: int) -> None:
+    """ReMax, in place: one greedy response per prompt, generated right after its group and scored by the rule
+    verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""
+    responses = generate_rollouts(pool, rows, prompt_ids, greedy, tokenizer, None, images)
+    score_rollouts(responses)
+    for i, g in enumerate(responses):
+        for r in rollouts[i * group_size : (i + 1) * group_size]:
+            r.baseline = g.reward
+
+
+def rebalance_groups(world: World, rollouts: list[Rollout], cfg: BalanceConfig, group_size: int
+                     ) -> tuple[list[Rollout], Plan | None]:
+    """What this rank trains: its own and moved rollouts, whole groups (or samples, balance.keep_groups=false)
+    moved between ranks so each trains about the same work (yatt.balance). Off: no exchange and no plan (the
+    step's metrics report the imbalance)."""
+    if not cfg.enabled:
+        return rollouts, None
+    for i, r in enumerate(rollouts):
+        r.origin = (world.rank, i)
+    unit = group_size if cfg.keep_groups is not False else 1
+    return rebalance(world, rollouts, unit, cfg.attention_coef, cfg.partitioner, cfg.equal_count)

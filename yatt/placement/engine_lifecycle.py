@@ -24,6 +24,7 @@ from yatt.engines.client import EngineClient, EngineDied, connect_engine, spawn_
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import judge_engine
+from yatt.placement.ownership import HookRole
 from yatt.transport.secret import run_secret
 
 ROLLOUT = "rollout"
@@ -39,13 +40,19 @@ def derive_secret(run_secret: bytes, role: str, rank: int) -> bytes:
 
 # spawn(model_path, engine config, seed, log_path, secret) -> a client owning a started engine
 Spawn = Callable[..., EngineClient]
+# () -> the policy's current weights, in buckets (the factory binds the trainer's engine_weights)
+PolicyWeights = Callable[[], Iterator[NamedTensors]]
 
 
 class EngineServices:
     """`spawn` starts one engine (default: a child process, `spawn_engine`); tests pass in-process fakes."""
 
-    def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path, spawn: Spawn = spawn_engine):
+    def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path, spawn: Spawn = spawn_engine,
+                 policy_weights: PolicyWeights | None = None):
+        """`policy_weights`: what `push_policy` pushes, and what a rollout engine restarted mid-run is loaded
+        with; None (no trainer, e.g. a test of the engines alone): a restarted engine serves model.path."""
         self.cfg, self.world, self.run_dir, self.spawn = cfg, world, run_dir, spawn
+        self.policy_weights = policy_weights
         self.run_secret = run_secret(world, run_dir)
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
         self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
@@ -57,22 +64,21 @@ class EngineServices:
         for j in cfg.reward.judges:
             self.specs[genrm_role(j.name)] = (str(j.model), judge_engine(j), cfg.run.seed + 1000 + world.rank)
         self.local: dict[str, EngineClient] = {}
-        # () -> the policy's weight buckets; set by the shard, pushed into a restarted rollout engine
-        self.policy_weights: Callable[[], Iterator[NamedTensors]] | None = None
         self.generation = 0
         self.uncounted_restarts = 0  # engines restarted since take_restarts last counted them
-        for role in self.specs:
-            self._start(role)
+        for role in self.specs:  # from model.path: the policy before any step (a resume pushes its own)
+            self._start(role, restart=False)
         self._remote: dict[tuple[str, int], EngineClient] = {}
 
-    def _start(self, role: str) -> EngineClient:
+    def _start(self, role: str, restart: bool = True) -> EngineClient:
+        """Start the `role` engine; a restarted rollout engine gets the current policy (`policy_weights`)."""
         model, engine_cfg, seed = self.specs[role]
         self.generation += 1
         log = self.run_dir / "logs" / f"engine-{role}-rank{self.world.rank}-{self.generation}.log"
         client = self.spawn(model, engine_cfg, seed=seed, log_path=log,
                             secret=derive_secret(self.run_secret, role, self.world.rank))
         self.local[role] = client
-        if role in self.rollout_roles and self.policy_weights is not None:
+        if restart and role in self.rollout_roles and self.policy_weights is not None:
             for bucket in self.policy_weights():
                 client.update_weights(bucket)
         self.world.publish(f"engine/{role}/{self.world.rank}", client.endpoint)
@@ -81,6 +87,10 @@ class EngineServices:
     @property
     def rollout(self) -> EngineClient:
         return self.local[ROLLOUT]
+
+    def push_policy(self) -> None:
+        """The weight sync: the policy's current weights (`policy_weights`) into this rank's rollout engines."""
+        self.push_weights(self.policy_weights())
 
     def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
         """Load the policy's weights into this rank's rollout engines, one bucket at a time.
@@ -102,6 +112,12 @@ class EngineServices:
             self.local[role].close()
             self._start(role)
             self.uncounted_restarts += 1
+
+    def device_roles(self) -> dict[str, HookRole]:
+        """The engines' roles on this device (yatt.placement.ownership): ROLLOUT's and "genrm"'s engines sleep
+        when the device changes owner and wake when it comes back to them."""
+        return {kind: HookRole(lambda kind=kind: self.sleep(kind), lambda kind=kind: self.wake(kind))
+                for kind in (ROLLOUT, "genrm")}
 
     def sleep(self, kind: str) -> list[dict]:
         """Offload this rank's `kind` engines (ROLLOUT or "genrm"); one found dead is restarted (and slept)."""

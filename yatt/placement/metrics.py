@@ -1,19 +1,60 @@
 """Per-step placement metrics: how long each device served each role, how idle it was, and how the
-judges kept up. Every function reduces over ranks, so every rank must call it with the same keys."""
+judges kept up. Every function reduces over ranks, so every rank must call it with the same keys;
+`step_placement_metrics` is the step's whole set.
+
+`summed` and `maxed` are the named reductions the controller's metrics use too: a dict of this rank's values
+in, the same keys reduced over ranks out, in one all-reduce each.
+"""
 
 from __future__ import annotations
 
 from yatt.distributed import World
+from yatt.placement.engine_lifecycle import ROLLOUT
+from yatt.placement.plan import GenerationSplit
 
 ROLES = ("rollout", "genrm", "train")
 
 
 def summed(world: World, values: dict[str, float]) -> dict[str, float]:
+    """`values` summed over ranks, by name (every rank passes the same keys in the same order)."""
     return dict(zip(values, world.sum(list(values.values()))))
 
 
 def maxed(world: World, values: dict[str, float]) -> dict[str, float]:
+    """`values` maxed over ranks, by name (every rank passes the same keys in the same order)."""
     return dict(zip(values, world.max(list(values.values()))))
+
+
+def engine_busy(before: dict[str, float], now: dict[str, float]) -> dict[str, float]:
+    """Seconds this rank's rollout engines and its judge engines stepped between two readings of
+    EngineServices.busy_seconds() (per role, a judge engine each)."""
+    busy = {role: max(0.0, s - before.get(role, 0.0)) for role, s in now.items()}
+    rollout = busy.pop(ROLLOUT, 0.0)
+    return {"rollout": rollout, "genrm": sum(busy.values())}
+
+
+def step_placement_metrics(world: World, busy: dict[str, float], owned: dict[str, float], restarts: int,
+                           restarted: int, gen, split: GenerationSplit | None, devices: int, step_s: float,
+                           judges: dict, rollouts: list) -> dict[str, float]:
+    """One step's placement metrics. `busy`: this rank's seconds of engine work (engine_busy) and of training
+    ("train"); `owned`: DeviceOwnership.take_metrics(); `restarts`: this rank's engine restarts during the step
+    (EngineServices.take_restarts), `restarted`: all ranks' before it (EngineServices.heal); `gen`: the step's
+    yatt.controllers.generation.GenerationStats; `split`: the step's (None: full colocation on all `devices`)."""
+    load = summed(world, {"load/rollout_busy_s": busy["rollout"], "load/genrm_busy_s": busy["genrm"],
+                          "restarts": float(restarts)})
+    restarted += int(load.pop("restarts"))
+    out = {**load, **maxed(world, {"placement/switch_s": owned["placement/switch_s"],
+                                   "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
+                                   "time/rollout_phase_s": gen.rollout_s, "time/judge_tail_s": gen.judge_tail_s}),
+           "placement/switches": owned["placement/switches"], "placement/engine_restarts": float(restarted),
+           "placement/rollout_devices": float(len(split.rollout) if split else devices),
+           "placement/genrm_devices": float(len(split.genrm) if split else devices)}
+    out.update(device_metrics(world, owned, busy["rollout"] + busy["genrm"] + busy["train"], step_s))
+    if judges:
+        out.update(judge_metrics(world, judges, rollouts, gen.judged, gen.unparseable, busy["genrm"],
+                                 gen.max_judge_queue))
+    out.update(pool_metrics(world, gen.pools, list(judges)))
+    return out
 
 
 def device_metrics(world: World, owned: dict[str, float], busy_s: float, step_s: float) -> dict[str, float]:
@@ -57,6 +98,6 @@ def judge_metrics(world: World, judges: dict, rollouts: list, judged: int, unpar
     out = {"genrm/judged": s["genrm/judged"],
            "genrm/judged_per_busy_s": s["genrm/judged"] / max(s["judge_busy"], 1e-9),
            "genrm/unparseable_frac": s["unparseable"] / max(s["genrm/judged"] * repeats, 1.0),
-           "genrm/max_queue": world.max([float(max_queue)])[0]}
+           **maxed(world, {"genrm/max_queue": float(max_queue)})}
     out.update({k: v / max(s["samples"], 1.0) for k, v in s.items() if k.endswith("agree_with_rule")})
     return out

@@ -1,0 +1,98 @@
+"""The step's metrics as pure functions over named reductions (yatt.controllers.metrics), and the mini-batches
+each optimizer step trains on (yatt.controllers.minibatches), without a trainer or engines."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from yatt.controllers.metrics import step_metrics, step_reductions
+from yatt.controllers.minibatches import mini_batches
+from yatt.controllers.policy import token_batch
+from yatt.data.rollout import Rollout
+from yatt.placement.metrics import maxed, summed
+
+G = 2
+CFG = SimpleNamespace(rollout=SimpleNamespace(group_size=G), balance=SimpleNamespace(enabled=False, attention_coef=0.0),
+                      algorithm=SimpleNamespace(kl_estimator="k1", dynamic_sampling=SimpleNamespace(enabled=False)))
+STATS = ("policy_loss",)
+
+
+def rank_reductions(responses: list[list[int]], rewards: list[float], seconds: dict[str, float]):
+    """One rank's step_reductions for rollouts of a 2-token prompt; the trainer's log-probs differ from the
+    engine's by 0.5 on the last rollout's tokens."""
+    rollouts = [Rollout(None, [1, 2], ids, [-1.0] * len(ids), "length" if len(ids) > 2 else "stop", reward=reward)
+                for ids, reward in zip(responses, rewards)]
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    old = batch.extras["rollout_logprobs"].clone()
+    if rollouts:
+        old[-1] -= 0.5 * batch.mask[-1]
+    batch.extras["old_logprobs"] = old
+    tokens = float(batch.mask.sum())
+    update = {"tokens": tokens, "policy_loss": 0.25 * tokens, "grad_norm": 2.0, "lr": 0.2, "skipped": 0.0,
+              "optimizer_steps": 2.0}
+    return (*step_reductions(CFG, STATS, rollouts, batch, torch.zeros_like(batch.mask), None, update, seconds), update)
+
+
+class Ranks:
+    """The World of rank 0 of two, whose other rank holds the values `other` gives for the same keys."""
+
+    size, rank = 2, 0
+
+    def __init__(self, other: list[float]):
+        self.other = other
+
+    def sum(self, values):
+        return [a + b for a, b in zip(values, self.other)]
+
+    def max(self, values):
+        return [max(a, b) for a, b in zip(values, self.other)]
+
+
+def test_step_metrics_come_from_named_sums_and_maxima_over_ranks():
+    seconds = {"update": 1.0, "generate": 2.0}
+    sums0, peaks0, update = rank_reductions([[5], [6, 7, 8]], [1.0, 0.0], seconds)
+    sums1, peaks1, _ = rank_reductions([[5, 6], [5, 6], [7], [7]], [1.0, 1.0, 0.0, 1.0],
+                                       {"update": 3.0, "generate": 1.0})
+    assert list(peaks0) == ["response/length_max", "rollout/trainer_logprob_diff_max", "workload",
+                            "time/generate_s", "time/update_s"]  # by name, in one order on every rank
+    s = summed(Ranks(list(sums1.values())), sums0)
+    peaks = maxed(Ranks(list(peaks1.values())), peaks0)
+    m = step_metrics(CFG, STATS, 2, s, peaks, update)
+    assert m["rollout/samples"] == 6 and m["reward/mean"] == pytest.approx(4 / 6) and m["reward/correct_frac"] == 4 / 6
+    assert m["response/length_mean"] == pytest.approx(10 / 6) and m["response/length_max"] == 3.0
+    assert m["response/truncated_frac"] == pytest.approx(1 / 6)
+    assert m["reward/zero_variance_group_frac"] == pytest.approx(1 / 3) and m["reward/pass_at_group"] == 1.0
+    assert m["actor/policy_loss"] == pytest.approx(0.25) and m["actor/grad_norm"] == 1.0 and m["actor/lr"] == 0.1
+    # log-prob gap: 0.5 on the 3 tokens of rank 0's last rollout and the 1 of rank 1's, over all 10 response tokens
+    assert m["rollout/trainer_logprob_diff_mean"] == pytest.approx(0.5 * 4 / 10)
+    assert m["rollout/trainer_logprob_diff_max"] == pytest.approx(0.5)
+    assert m["time/generate_s"] == 2.0 and m["time/update_s"] == 3.0
+    # balancing off: the imbalance a plan would report (worst rank's workload over the mean), nothing moved
+    assert m["balance/imbalance_before"] == pytest.approx(max(sums0["workload"], sums1["workload"]) * 2 / s["workload"])
+    assert m["balance/moved_samples"] == 0.0
+    assert m["perf/gen_tokens_per_s"] == pytest.approx(10 / 2.0)
+
+
+def test_a_rank_without_samples_joins_the_reductions_with_zeros():
+    sums, peaks, update = rank_reductions([], [], {"generate": 0.0})
+    assert set(sums.values()) == {0.0} and peaks["response/length_max"] == 0.0
+    m = step_metrics(CFG, STATS, 1, sums, peaks, update)
+    assert m["reward/mean"] == 0.0 and m["balance/imbalance_before"] == 1.0
+
+
+def test_mini_batches_keep_groups_whole_and_give_every_rank_the_same_count():
+    epochs = mini_batches(12, 3, epochs=2, per_epoch=2, run_seed=1, step=5, rank=0)
+    assert len(epochs) == 2 and all(len(minis) == 2 for minis in epochs)
+    for minis in epochs:
+        rows = torch.cat(minis)
+        assert sorted(rows.tolist()) == list(range(12))  # every row once per epoch
+        for mini in minis:
+            assert all(set(range(r - r % 3, r - r % 3 + 3)) <= set(mini.tolist()) for r in mini.tolist())
+    again = mini_batches(12, 3, epochs=2, per_epoch=2, run_seed=1, step=5, rank=0)
+    assert all(torch.equal(a, b) for ea, eb in zip(epochs, again) for a, b in zip(ea, eb))  # seeded
+    other_steps = [mini_batches(12, 3, epochs=2, per_epoch=2, run_seed=1, step=s, rank=0) for s in range(6, 12)]
+    assert any(not torch.equal(torch.cat(o[0]), torch.cat(epochs[0])) for o in other_steps)
+    # a rank holding fewer groups than mini-batches still takes part in every optimizer step (an empty chunk)
+    few = mini_batches(3, 3, epochs=1, per_epoch=2, run_seed=1, step=5, rank=1)
+    assert [len(m) for m in few[0]] == [3, 0]

@@ -1,0 +1,106 @@
+"""The policy's side of a step's training, as functions of their inputs: the rollouts as a token batch, the
+advantage estimator's input, the old log-probs, and the update (yatt.controllers.critic is the critic's side).
+
+Read in the order the step calls them: token_batch -> old_logprobs -> advantage_input -> policy_update.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from yatt.algorithms import kl_estimate, kl_penalized_rewards
+from yatt.algorithms.base import AdvantageInput
+from yatt.algorithms.objective import Algorithm
+from yatt.controllers.images import stack_pixels
+from yatt.controllers.minibatches import global_mini_batches
+from yatt.data.rollout import Rollout
+from yatt.distributed import World
+from yatt.tensors import LossFn, TokenBatch
+from yatt.trainers.base import Trainer
+
+
+def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float) -> TokenBatch:
+    """What the trainer reads: prompt + response ids, the images' pixels, and the engine's log-probs."""
+    batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id)
+    batch.pixels = stack_pixels(rollouts)
+    batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
+    batch.temperature = temperature
+    return batch
+
+
+def old_logprobs(trainer: Trainer, algorithm: Algorithm, batch: TokenBatch, first_epoch: list[Tensor],
+                 has_ref: bool, policy_trains: bool = True) -> tuple[Tensor, Tensor]:
+    """The old policy's log-probs and entropies before the update (algorithm.old_logprobs).
+
+    reuse: the first mini-batch's rows are flagged on_policy and skipped here; the update's first
+    forward fills their log-probs and entropies in (a KL reward needs them before, and a step without a
+    policy update has no such forward, so those recompute). rollout: the engine's log-probs; entropies
+    come from the first epoch's forwards (none without a policy update: 0).
+    """
+    cfg = algorithm.cfg
+    mode = cfg.old_logprobs
+    if mode == "reuse" and (not policy_trains or (has_ref and cfg.kl_mode == "reward" and cfg.kl_coef > 0)):
+        mode = "recompute"
+    on_policy = torch.zeros(len(batch))
+    batch.extras["on_policy"] = on_policy
+    if mode == "rollout":
+        return batch.extras["rollout_logprobs"].clone(), torch.zeros_like(batch.mask)
+    if mode == "reuse":
+        on_policy[first_epoch[0]] = 1.0
+    rest = (on_policy == 0).nonzero().flatten()
+    old_lp, entropy = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
+    if len(rest):
+        lp, ent = trainer.logprobs(batch.select(rest), with_entropy=True)
+        old_lp[rest, : lp.shape[1]], entropy[rest, : lp.shape[1]] = lp, ent
+    return old_lp, entropy
+
+
+def advantage_input(rollouts: list[Rollout], batch: TokenBatch, old_lp: Tensor, ref_lp: Tensor | None,
+                    values: Tensor | None, algorithm: Algorithm, group_size: int, world: World) -> AdvantageInput:
+    """The estimator's input: the rewards (less the KL penalty with kl_mode=reward, which also hands the
+    estimator the per-token KL), the ReMax baselines, and the critic's values."""
+    rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
+    token_kl = None
+    if ref_lp is not None and algorithm.cfg.kl_mode == "reward":
+        kl = kl_estimate(old_lp, ref_lp, algorithm.cfg.kl_estimator)
+        rewards = kl_penalized_rewards(rewards, kl, batch.mask, algorithm.kl_coef)
+        token_kl = algorithm.kl_coef * kl * batch.mask
+    baselines = torch.tensor([r.baseline for r in rollouts], dtype=torch.float32)
+    return AdvantageInput(rewards, batch.mask, group_size, world, token_kl, baselines, values)
+
+
+def _recording(loss_fn: LossFn, old_logprobs: Tensor, entropy: Tensor) -> LossFn:
+    """loss_fn, also writing the on_policy rows' log-probs and every row's entropy into the step's tensors."""
+
+    def fn(logp: Tensor, ent: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
+        rows, width = mb.extras["row"], logp.shape[1]
+        fresh = mb.extras["on_policy"].bool()
+        old_logprobs[rows[fresh], :width] = logp.detach()[fresh].cpu()
+        entropy[rows, :width] = ent.detach().cpu()
+        return loss_fn(logp, ent, mb)
+
+    return fn
+
+
+def policy_update(trainer: Trainer, algorithm: Algorithm, world: World, batch: TokenBatch, epochs: list[list[Tensor]],
+                  entropy: Tensor, norm_length: int) -> dict[str, float]:
+    """ppo_epochs passes, each split into mini_batches optimizer steps; groups stay together. Returns sums of
+    the loss stats over the steps (and tokens, grad_norm, lr, skipped, optimizer_steps).
+
+    The first epoch's forwards also record what the log-prob pass skipped (on_policy rows: their
+    log-probs into old_logprobs, their entropies into `entropy`), for the metrics."""
+    batch.extras["row"] = torch.arange(len(batch))
+    # the same keys on every rank, even one that holds no samples
+    totals = dict.fromkeys(("tokens", *algorithm.stats, "grad_norm", "lr", "skipped", "optimizer_steps"), 0.0)
+    for epoch, mini, tokens, seqs in global_mini_batches(world, batch, epochs):
+        loss_fn = algorithm.objective(tokens, seqs, norm_length=norm_length)
+        # entropies for the metrics where no pass computed them
+        record = epoch == 0 and (algorithm.cfg.old_logprobs == "rollout" or bool(mini.extras["on_policy"].any()))
+        if record:
+            loss_fn = _recording(loss_fn, batch.extras["old_logprobs"], entropy)
+        stats = trainer.train_mini_batch(mini, loss_fn, with_entropy=record or algorithm.needs_entropy)
+        stats["optimizer_steps"] = 1.0
+        for k, v in stats.items():
+            totals[k] = totals.get(k, 0.0) + v
+    return totals
