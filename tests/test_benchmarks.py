@@ -1,0 +1,74 @@
+"""Every script in benchmarks/ runs: each at its smallest settings, writing to a temporary folder, and its results
+hold what the tables are made of and no machine paths. The numbers mean nothing at this size; the measurements
+are in benchmarks/results/. (trainers.py with megatron: test_benchmark_trainers.py; controller_memory.py and
+image_workload.py: test_controller_memory.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e import DIGITS, env, experiment
+from yatt.models.tiny import write_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "benchmarks"
+
+
+def run(script: str, *args: str, cwd: Path, torchrun: bool = False, timeout: int = 600) -> str:
+    """`python benchmarks/<script> args` (or under torchrun with 2 ranks) from `cwd`; its stdout."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] \
+        if torchrun else [sys.executable]
+    proc = subprocess.run([*launcher, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env(), cwd=cwd)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def results(path: Path, tmp_path: Path) -> dict:
+    """A results file's JSON, after checking it names no folder of this machine (the repository, the test's)."""
+    text = path.read_text()
+    for folder in (REPO, tmp_path, Path.home()):
+        assert str(folder) not in text, (folder, text[:2000])
+    return json.loads(text)
+
+
+def test_balance(tmp_path):
+    run("balance.py", "--reps", "1", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "balance.json"),
+        cwd=tmp_path, torchrun=True)
+    report = results(tmp_path / "balance.json", tmp_path)
+    rows = {r["setup"]: r for r in report["rows"]}
+    assert list(rows) == ["none", "balance", "balance+"] and report["world_size"] == 2
+    assert rows["none"]["moved_samples"] == 0 and rows["balance"]["moved_samples"] > 0
+    assert rows["balance"]["imbalance"] < rows["none"]["imbalance"]  # the skewed ranks are evened out
+    assert all(len(r["step_s_all"]) == 1 and r["step_s_median"] > 0 for r in rows.values())
+
+
+def test_checkpoint(tmp_path):
+    small = write_tiny_model(tmp_path / "small", DIGITS)  # stands in for the quickstart policy
+    run("checkpoint.py", "--saves", "2", "--saves-small", "1", "--hidden", "48", "--layers", "1", "--quickstart",
+        str(small), "--out", str(tmp_path / "checkpoint.json"), cwd=tmp_path)
+    models = results(tmp_path / "checkpoint.json", tmp_path)["results"]
+    assert [m["model"] for m in models] == ["quickstart", "qwen2-h48x1"]
+    for m, saves in zip(models, (1, 2)):
+        assert m["params"] > 0 and m["state_bytes"] > 12 * m["params"]  # weights + AdamW's two moments, float32
+        assert len(m["sync"]["stall_s"]) == len(m["async"]["stall_s"]) == saves
+        assert m["async"]["write_after_stall_s"] > 0 and m["async_over_sync"] > 0
+
+
+@pytest.mark.engine
+def test_engines(tmp_path):
+    run("engines.py", "--hidden", "384", "--layers", "1", "--repeats-100m", "1", "--quickstart", str(tmp_path / "none"),
+        "--out", str(tmp_path / "engines"), cwd=tmp_path)
+    report = results(tmp_path / "engines.json", tmp_path)
+    (workload,) = report["results"]
+    assert workload["workload"] == "qwen2-h384x1" and list(workload["engines"]) == ["vllm", "hf"]
+    for engine in workload["engines"].values():
+        assert engine["sequences"] == 8 * 4 and engine["tokens"] > 0 and engine["tokens_per_s"] > 0
+        assert len(engine["calls"]) == 1
+    table = (tmp_path / "engines.md").read_text()
+    assert "| qwen2-h384x1" in table and "| vllm |" in table and "| hf |" in table
