@@ -72,3 +72,26 @@ def test_engines(tmp_path):
         assert len(engine["calls"]) == 1
     table = (tmp_path / "engines.md").read_text()
     assert "| qwen2-h384x1" in table and "| vllm |" in table and "| hf |" in table
+
+
+def test_wire(tmp_path):
+    out = run("wire.py", "--junk-mb", "1", "--attackers", "1", "--calls", "2", "--new-tokens", "2", "--model",
+              str(tmp_path / "none"), "--out", str(tmp_path / "wire.json"), cwd=tmp_path)
+    report = results(tmp_path / "wire.json", tmp_path)
+    assert report["attackers"] == 1 and report["junk_mb"] >= 1.0
+    assert report["rpc_stats"]["refused_handshakes"] > 0  # the keyless senders never got through the handshake
+    assert report["rpc_stats"]["served"] >= 2 * 2 + 3  # the honest calls, idle and under load, and the warm-up
+    assert report["honest_idle_median_s"] > 0 and report["bulk_curve_mb_s"] > 0
+    assert "under load: honest generate median" in out
+
+
+@pytest.mark.engine
+def test_placement(tmp_path):
+    run("placement.py", "--steps", "1", "--skip-quickstart", "--out", str(tmp_path / "placement"), cwd=tmp_path,
+        timeout=900)
+    report = results(tmp_path / "placement.json", tmp_path)
+    assert list(report) == ["long_tail"] and list(report["long_tail"]) == ["full", "partial"]
+    for mode in report["long_tail"].values():
+        assert mode["steps"] == 1 and mode["step_s"] > 0 and mode["genrm_busy_s"] > 0
+        assert mode["response_len_max"] > mode["response_len_mean"]  # the long tail
+    assert "| long_tail | partial/full |" in (tmp_path / "placement.md").read_text()
