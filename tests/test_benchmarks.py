@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from e2e import DIGITS, env, experiment
-from yatt.models.tiny import write_tiny_model
+from e2e import DIGITS, ONE_TOKEN_GRPO, env, experiment
+from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "benchmarks"
@@ -95,3 +95,42 @@ def test_placement(tmp_path):
         assert mode["steps"] == 1 and mode["step_s"] > 0 and mode["genrm_busy_s"] > 0
         assert mode["response_len_max"] > mode["response_len_mean"]  # the long tail
     assert "| long_tail | partial/full |" in (tmp_path / "placement.md").read_text()
+
+
+def test_step_time_trainer(tmp_path):
+    """The 100m workload's trainer-only path, on a tiny model: the reference and one option, with the drift."""
+    model = write_tiny_model(tmp_path / "model", TinyModelConfig(alphabet=DIGITS.alphabet, hidden_size=32,
+                                                                 intermediate_size=64, num_hidden_layers=1,
+                                                                 max_position_embeddings=256))
+    run("step_time.py", "--workload", "100m", "--model", str(model), "--trainer-steps", "1", "--variants",
+        "+packed", "--out", str(tmp_path / "step_time"), cwd=tmp_path)
+    report = results(tmp_path / "step_time.json", tmp_path)
+    assert "quickstart" not in report and report["settings"]["model"] == "model"
+    rows = report["100m"]
+    assert [r["variant"] for r in rows] == ["all off", "+packed"]
+    assert rows[0]["logprob_drift_max"] == 0.0 and rows[1]["logprob_drift_max"] < 1e-4  # packing: same log-probs
+    assert all(r["trainer_s"] > 0 and r["peak_trainer_gib"] > 0 for r in rows)
+    assert "| +packed |" in (tmp_path / "step_time.md").read_text()
+
+
+@pytest.mark.engine
+def test_step_time_rl_runs(tmp_path):
+    """The quickstart workload: real 2-rank RL runs of a config (here the e2e tests' tiny one), one per variant."""
+    config = experiment(tmp_path, ONE_TOKEN_GRPO)
+    run("step_time.py", "--workload", "quickstart", "--config", str(config), "--steps", "4", "--variants",
+        "all (defaults)", "--out", str(tmp_path / "step_time"), cwd=tmp_path, timeout=900)
+    rows = results(tmp_path / "step_time.json", tmp_path)["quickstart"]
+    assert [r["variant"] for r in rows] == ["all off", "all (defaults)"]
+    for r in rows:
+        assert r["steps"] == 1 and r["step_s"] > 0 and r["update_s"] > 0 and len(r["peak_rss_gib"]) == 2
+    assert "## exp.yaml (2 ranks, median of steps 4-4)" in (tmp_path / "step_time.md").read_text()
+
+
+def test_committed_results_hold_no_machine_paths():
+    """benchmarks/results/ is published: a path of the box that measured it means nothing elsewhere."""
+    texts = [p for p in (BENCH / "results").iterdir() if p.suffix in (".json", ".md")]
+    assert texts
+    for path in texts:
+        text = path.read_text()
+        for prefix in ("/work/", "/tmp/", "/home/", "/root/", "/Users/", str(REPO)):
+            assert prefix not in text, f"{path.name} records a machine path ({prefix}...)"
