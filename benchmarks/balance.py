@@ -122,5 +122,6 @@ def main() -> None:
     finally:
         close_world()
 
+
 if __name__ == "__main__":
     main()

@@ -3,9 +3,8 @@
     OMP_NUM_THREADS=1 python benchmarks/checkpoint.py [--out benchmarks/results/checkpoint.json] [--saves 3]
         [--hidden 768] [--layers 12]
 
-For the quickstart policy and a 100M+ parameter Qwen2 (built here, random weights; --hidden/--layers shrink it), a
-one-process
-TorchTrainer takes one AdamW step (so optimizer state exists), then saves its state `--saves` times
+For the quickstart policy and a 100M+ parameter Qwen2 (built here, random weights; --hidden/--layers shrink it),
+a one-process TorchTrainer takes one AdamW step (so optimizer state exists), then saves its state `--saves` times
 each way through the same snapshot + CheckpointWriter path a run uses. The stall is how long the
 training thread is blocked by a save: the host snapshot for async, snapshot + write + fsync +
 checksums + commit for sync. The ratio is of mean stalls (medians are in the JSON too). For async it
@@ -34,7 +33,6 @@ from yatt.distributed import World  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.tensors import TokenBatch  # noqa: E402
 from yatt.trainers.torch_trainer import TorchTrainer  # noqa: E402
-
 
 
 def random_qwen2(hidden: int, layers: int) -> TinyModelConfig:

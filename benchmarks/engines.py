@@ -14,9 +14,9 @@ Workloads:
 - quickstart: models/quickstart-policy (0.79M params, SFT'd on addition), 64 prompts of
   data/addition/train.jsonl encoded as training encodes them, n=8, <= 8 new tokens, temperature 1,
   engine settings of configs/quickstart.yaml (max_num_seqs 256).
-- qwen2-100m: a ~100M-parameter Qwen2 (random init, built here with write_tiny_model; 12 layers,
-  hidden 768 (--layers/--hidden shrink it), an 8,192-token character vocabulary so that eos is rare and responses run to the limit),
-  8 prompts, n=4, <= 128 new tokens, temperature 1; its warm-up is a short call (4 prompts, 16 tokens).
+- qwen2-100m: a ~100M-parameter Qwen2 (random init, built here with write_tiny_model; 12 layers, hidden 768;
+  --layers/--hidden shrink it), an 8,192-token character vocabulary so that eos is rare and responses run to the
+  limit), 8 prompts, n=4, <= 128 new tokens, temperature 1; its warm-up is a short call (4 prompts, 16 tokens).
 
 Writes <out>.json (all timings, settings, versions) and <out>.md (the table).
 """
@@ -146,7 +146,8 @@ def main() -> int:
     parser.add_argument("--engines", default="vllm,hf", help="comma-separated backends, run in this order")
     parser.add_argument("--quickstart", type=Path, default=REPO / "models/quickstart-policy",
                         help="the quickstart policy's folder (its workload is skipped when missing)")
-    parser.add_argument("--hidden", type=int, default=768, help="the random Qwen2's hidden size (a multiple of 12; vLLM on CPU needs a head size of 32, 64, ...)")
+    parser.add_argument("--hidden", type=int, default=768, help="the random Qwen2's hidden size (12 heads; vLLM on "
+                        "CPU needs a head size of 32, 64, ...)")
     parser.add_argument("--layers", type=int, default=12, help="the random Qwen2's layers")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/engines"))
     args = parser.parse_args()

@@ -111,7 +111,7 @@ def run_quickstart(name: str, config: Path, trainer: dict, algo: dict, steps: in
     overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
     overrides += [f"algorithm.{k}={v}" for k, v in algo.items()] + list(other)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
-           "--config", str(config), "--placement", "full", "--resume", "none", *overrides]
+           "--config", str(config.resolve()), "--placement", "full", "--resume", "none", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
     with open(work / f"{name}.log", "w") as log:
