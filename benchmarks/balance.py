@@ -66,14 +66,7 @@ def train_step(trainer: TorchTrainer, world, samples: list[Rollout], balance: bo
     return time.perf_counter() - start, plan
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/balance.json")
-    parser.add_argument("--workdir", default="runs/bench_balance")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    world = init_world()
+def measure(world, args: argparse.Namespace) -> None:
     model_dir = Path(args.workdir) / "model"
     if world.is_main:
         write_tiny_model(model_dir, TinyModelConfig(hidden_size=HIDDEN, intermediate_size=3 * HIDDEN,
@@ -113,7 +106,21 @@ def main() -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}")
-    close_world()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/results/balance.json")
+    parser.add_argument("--workdir", default="runs/bench_balance")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    world = init_world()
+    try:  # the trainer (and its DDP reducer) is gone before the process group: destroying it after can hang
+        measure(world, args)
+        world.barrier()
+    finally:
+        close_world()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Training stall per checkpoint save: asynchronous (host snapshot + background writer) vs synchronous.
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint.py [--out benchmarks/results/checkpoint.json] [--saves 3]
+        [--hidden 768] [--layers 12]
 
-For the quickstart policy and a 100M+ parameter Qwen2 (built here, random weights), a one-process
-TorchTrainer takes one AdamW step (so optimizer state exists), then saves its state `--saves` times
+For the quickstart policy and a 100M+ parameter Qwen2 (built here, random weights; --hidden/--layers shrink it),
+a one-process TorchTrainer takes one AdamW step (so optimizer state exists), then saves its state `--saves` times
 each way through the same snapshot + CheckpointWriter path a run uses. The stall is how long the
 training thread is blocked by a save: the host snapshot for async, snapshot + write + fsync +
 checksums + commit for sync. The ratio is of mean stalls (medians are in the JSON too). For async it
@@ -33,14 +34,22 @@ from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.tensors import TokenBatch  # noqa: E402
 from yatt.trainers.torch_trainer import TorchTrainer  # noqa: E402
 
-BIG = TinyModelConfig(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                      num_key_value_heads=4)
+
+def random_qwen2(hidden: int, layers: int) -> TinyModelConfig:
+    """The random Qwen2 of the second workload: 12 query / 4 key-value heads (hidden 768, 12 layers: 100M+)."""
+    return TinyModelConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
+                           num_attention_heads=12, num_key_value_heads=4)
+
+
+def loss(logprobs: torch.Tensor, entropy: torch.Tensor | None, mb: TokenBatch) -> tuple[torch.Tensor, dict]:
+    """Any loss that reaches every weight (yatt.tensors.LossFn): what is timed is the step, not what it learns."""
+    return -(logprobs * mb.mask).sum() / mb.mask.sum() * 1e-3, {}
 
 
 def train_step(trainer: TorchTrainer) -> float:
     start = time.perf_counter()
     batch = TokenBatch.from_sequences([[5, 6, 7, 8] * 4] * 4, [[9, 10, 11, 2] * 4] * 4, pad_id=0)
-    trainer.train_mini_batch(batch, lambda logits, mb: (logits.float().pow(2).mean() * 1e-3, {}))
+    trainer.train_mini_batch(batch, loss)
     return time.perf_counter() - start
 
 
@@ -48,7 +57,7 @@ def bench_model(name: str, path: Path, saves: int, work: Path) -> dict:
     world = World(0, 1, 0, torch.device("cpu"))
     trainer = TorchTrainer(path, TrainerConfig(micro_batch_size=4), world, total_steps=100)
     train_step(trainer)  # AdamW state exists from here on
-    params = sum(p.numel() for p in trainer.engine_model.parameters())
+    params = sum(p.numel() for p in trainer.module.parameters())
     result: dict = {"model": name, "params": params}
     for mode in ("sync", "async"):
         writer = CheckpointWriter(work / f"{name}-{mode}", 0, 1, token=mode, keep=2, async_write=mode == "async")
@@ -80,14 +89,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/checkpoint.json"))
     parser.add_argument("--saves", type=int, default=3, help="saves per mode for the 100M model")
     parser.add_argument("--saves-small", type=int, default=10, help="saves per mode for the quickstart model")
-    parser.add_argument("--quickstart", type=Path, default=Path("models/quickstart-policy"))
+    parser.add_argument("--quickstart", type=Path, default=Path("models/quickstart-policy"),
+                        help="the quickstart policy's folder (skipped when missing)")
+    parser.add_argument("--hidden", type=int, default=768, help="the random Qwen2's hidden size (a multiple of 12)")
+    parser.add_argument("--layers", type=int, default=12, help="the random Qwen2's layers")
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = []
     with tempfile.TemporaryDirectory(prefix="yatt-ckpt-bench-") as tmp:
         work = Path(tmp)
         models = [("quickstart", args.quickstart, args.saves_small)] if args.quickstart.is_dir() else []
-        models.append(("qwen2-100m", write_tiny_model(work / "qwen2-100m", BIG, seed=0), args.saves))
+        big = "qwen2-100m" if (args.hidden, args.layers) == (768, 12) else f"qwen2-h{args.hidden}x{args.layers}"
+        models.append((big, write_tiny_model(work / big, random_qwen2(args.hidden, args.layers), seed=0), args.saves))
         for name, path, saves in models:
             results.append(bench_model(name, path, saves, work))
             print(f"{name}: done", flush=True)

@@ -1,6 +1,7 @@
 """Rollout engines side by side: generated tokens/s of the vLLM and hf backends on the same workloads.
 
     OMP_NUM_THREADS=1 python benchmarks/engines.py [--threads 1] [--repeats 5] [--repeats-100m 2] [--out ...]
+        [--engines vllm,hf] [--hidden 768] [--layers 12]
 
 Each engine is started through `spawn_engine` (the engine service a training run uses: child process,
 RPC, streamed submit/poll) and driven with `EngineClient.generate`; the engines run one after the other,
@@ -13,9 +14,9 @@ Workloads:
 - quickstart: models/quickstart-policy (0.79M params, SFT'd on addition), 64 prompts of
   data/addition/train.jsonl encoded as training encodes them, n=8, <= 8 new tokens, temperature 1,
   engine settings of configs/quickstart.yaml (max_num_seqs 256).
-- qwen2-100m: a ~100M-parameter Qwen2 (random init, built here with write_tiny_model; 12 layers,
-  hidden 768, an 8,192-token character vocabulary so that eos is rare and responses run to the limit),
-  8 prompts, n=4, <= 128 new tokens, temperature 1; its warm-up is a short call (4 prompts, 16 tokens).
+- qwen2-100m: a ~100M-parameter Qwen2 (random init, built here with write_tiny_model; 12 layers, hidden 768;
+  --layers/--hidden shrink it), an 8,192-token character vocabulary so that eos is rare and responses run to the
+  limit), 8 prompts, n=4, <= 128 new tokens, temperature 1; its warm-up is a short call (4 prompts, 16 tokens).
 
 Writes <out>.json (all timings, settings, versions) and <out>.md (the table).
 """
@@ -48,8 +49,13 @@ from yatt.models.tiny import DEFAULT_ALPHABET, TinyModelConfig, write_tiny_model
 VOCAB_100M = 8_192
 # Characters after the default alphabet: CJK ideographs, each its own token.
 ALPHABET_100M = DEFAULT_ALPHABET + "".join(chr(0x4E00 + i) for i in range(VOCAB_100M - 3 - len(DEFAULT_ALPHABET)))
-QWEN2_100M = TinyModelConfig(alphabet=ALPHABET_100M, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
-                             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=256)
+
+
+def random_qwen2(hidden: int, layers: int) -> TinyModelConfig:
+    """The second workload's model: 12 query / 4 key-value heads (hidden 768, 12 layers: ~100M parameters)."""
+    return TinyModelConfig(alphabet=ALPHABET_100M, hidden_size=hidden, intermediate_size=4 * hidden,
+                           num_hidden_layers=layers, num_attention_heads=12, num_key_value_heads=4,
+                           max_position_embeddings=256)
 
 
 def addition_prompts(model: Path, count: int) -> list[list[int]]:
@@ -70,8 +76,9 @@ def workloads(args: argparse.Namespace, work: Path) -> list[dict]:
     else:
         print(f"no {args.quickstart}: skipping the quickstart workload (python launch/sft.py --config "
               "configs/sft_quickstart.yaml builds it)", flush=True)
-    big = write_tiny_model(work / "qwen2-100m", QWEN2_100M, seed=0)
-    found.append(dict(name="qwen2-100m", model=big, params_note="random init", prompts=addition_prompts(big, 8),
+    name = "qwen2-100m" if (args.hidden, args.layers) == (768, 12) else f"qwen2-h{args.hidden}x{args.layers}"
+    big = write_tiny_model(work / name, random_qwen2(args.hidden, args.layers), seed=0)
+    found.append(dict(name=name, model=big, params_note="random init", prompts=addition_prompts(big, 8),
                       sampling=SamplingSpec(n=4, temperature=1.0, max_tokens=128), repeats=args.repeats_100m,
                       warmup=(4, 16),
                       engine=dict(max_num_seqs=256, max_model_len=16 + 128), vllm=dict(kv_cache_gib=1.0)))
@@ -138,7 +145,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed quickstart calls per engine, after a warm-up")
     parser.add_argument("--repeats-100m", type=int, default=2, help="timed qwen2-100m calls per engine, after a warm-up")
     parser.add_argument("--engines", default="vllm,hf", help="comma-separated backends, run in this order")
-    parser.add_argument("--quickstart", type=Path, default=REPO / "models/quickstart-policy")
+    parser.add_argument("--quickstart", type=Path, default=REPO / "models/quickstart-policy",
+                        help="the quickstart policy's folder (its workload is skipped when missing)")
+    parser.add_argument("--hidden", type=int, default=768, help="the random Qwen2's hidden size (12 heads; vLLM on "
+                        "CPU needs a head size of 32, 64, ...)")
+    parser.add_argument("--layers", type=int, default=12, help="the random Qwen2's layers")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/engines"))
     args = parser.parse_args()
     backends = [b.strip() for b in args.engines.split(",") if b.strip()]

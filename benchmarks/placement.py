@@ -70,22 +70,22 @@ reward:
       max_tokens: 12
       engine: {{max_num_seqs: 256, vllm: {{kv_cache_gib: 0.5}}}}
 trainer: {{lr: 1.0e-4, micro_batch_size: 64}}
-run: {{steps: {steps}, eval_every: 0, export_policy: false, output_dir: {work / 'runs'}}}
+run: {{steps: {steps}, eval_every: 0, export_policy: false}}
 """)
     return config
 
 
-def run_mode(config: Path, mode: str, name: str, extra: list[str]) -> list[dict]:
+def run_mode(config: Path, mode: str, name: str, runs: Path, extra: list[str]) -> list[dict]:
+    """One 2-rank training run of `config` in placement `mode`, written under `runs`; its step records."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run_name = f"{name}-{mode}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "launch/train.py"),
-           "--config", str(config), "--placement", mode, f"run.name={name}-{mode}", *extra]
+           "--config", str(config), "--placement", mode, f"run.name={run_name}", f"run.output_dir={runs}", *extra]
     print("$", " ".join(cmd[3:]), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode:
         raise SystemExit(f"{mode} run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    cfg_dir = [line for line in proc.stdout.splitlines() if "run dir" in line]
-    run_dir = Path(cfg_dir[-1].rsplit("run dir ", 1)[1]) if cfg_dir else None
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (runs / run_name / "metrics.jsonl").read_text().splitlines()]
     return [r for r in records if r["step"] > 0]
 
 
@@ -157,12 +157,13 @@ def main() -> None:
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="yatt-placement-") as tmp:
         config = long_tail_config(Path(tmp), args.steps)
-        results["long_tail"] = {mode: summarize(run_mode(config, mode, "long_tail", [])) for mode in ("full", "partial")}
+        runs = Path(tmp) / "runs"
+        results["long_tail"] = {mode: summarize(run_mode(config, mode, "long_tail", runs, []))
+                                for mode in ("full", "partial")}
         quick = REPO / "configs/quickstart_genrm.yaml"
         if not args.skip_quickstart and (REPO / "models/quickstart-judge").is_dir():
-            extra = [f"run.steps={args.steps}", "run.eval_every=0", "run.export_policy=false",
-                     f"run.output_dir={Path(tmp) / 'runs'}"]
-            results["quickstart"] = {mode: summarize(run_mode(quick, mode, "quickstart", extra))
+            extra = [f"run.steps={args.steps}", "run.eval_every=0", "run.export_policy=false"]
+            results["quickstart"] = {mode: summarize(run_mode(quick, mode, "quickstart", runs, extra))
                                      for mode in ("full", "partial")}
     text = table(results)
     print(text)

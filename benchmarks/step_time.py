@@ -1,16 +1,18 @@
-"""Step time and trainer memory: today's path vs each efficiency option vs all of them, side by side.
+"""Step time and trainer memory: every efficiency option off, each one on, and all of them, side by side.
 
     OMP_NUM_THREADS=1 python benchmarks/step_time.py [--workload quickstart|100m|all] [--steps 40]
-        [--trainer-steps 2] [--model PATH] [--baseline REV] [--out benchmarks/results/step_time]
+        [--trainer-steps 2] [--config configs/quickstart.yaml] [--model PATH] [--variants NAME ...]
+        [--out benchmarks/results/step_time]
 
-"today" is the code of git revision --baseline (default: the last commit before this work), run from a
-`git archive` of it; every other variant is this checkout with some options on (yatt.config TrainerConfig
-pack_sequences / logprob_chunk_tokens / activation_checkpointing / autocast, AlgorithmConfig old_logprobs).
-Variants run one after the other, never at once, on the same data and seeds.
+"all off" is the reference of the ratios; every other variant turns some options on (yatt.config TrainerConfig
+pack_sequences / share_prompts / logprob_chunk_tokens / micro_batch_tokens / activation_checkpointing /
+autocast, AlgorithmConfig old_logprobs). Variants run one after the other, never at once, on the same data and
+seeds. (benchmarks/results/step_time.md also has a row for the code before these options, d1693d4, measured
+by this script's earlier version.)
 
 Workloads:
 - quickstart: real RL runs, `torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml
-  --placement full` for --steps steps each (no eval, no checkpoints). Per variant: the median over steps
+  --placement full` (or --config) for --steps steps each (no eval, no checkpoints). Per variant: the median over steps
   (the first 3 left out: warm-up) of the step time and of each stage's time (max over ranks, as logged in
   metrics.jsonl), the rollout-vs-trainer log-prob mismatch, and the peak RSS of each rank process (VmHWM,
   sampled from /proc; the rank process only — engines are separate processes).
@@ -23,7 +25,7 @@ Workloads:
   (VmHWM) minus the RSS before the model was loaded. The log-prob drift of each variant against the
   padded float32 path on the same weights shows what activation checkpointing and bf16 autocast change.
 
-Writes <out>.json (everything), <out>.md (tables with ratios to today) and <out>.png.
+Writes <out>.json (everything), <out>.md (tables with ratios to "all off") and <out>.png.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ import random
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -44,45 +45,34 @@ from pathlib import Path
 from harness import add_worker_args, pyplot, rank_result, run_worker, shown, slug, table, vm_kib
 
 REPO = Path(__file__).resolve().parents[1]
-BASELINE = "d1693d4"  # the last commit before padding-free batches, the chunked head and the reused pass
 OFF = {"pack_sequences": False, "share_prompts": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
 PACKED = {"pack_sequences": True, "share_prompts": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
-# today's engine, with the KV cache the quickstart gave it: the option variants keep it, so they differ by trainer only
+# the option variants keep one engine (with the KV cache the quickstart gave it), so they differ by trainer only
 VLLM = ["rollout.engine.backend=vllm", "rollout.engine.vllm.kv_cache_gib=0.5"]
-QUICKSTART = {  # variant: (code, trainer settings, algorithm settings, other overrides)
-    "today": ("baseline", {}, {}, []),
-    "all off": ("current", OFF, {"old_logprobs": "recompute"}, VLLM),
-    "+packed": ("current", PACKED, {"old_logprobs": "recompute"}, VLLM),
-    "+shared prompts": ("current", PACKED | {"share_prompts": True}, {"old_logprobs": "recompute"}, VLLM),
-    "+reuse pass": ("current", OFF, {"old_logprobs": "reuse"}, VLLM),
-    "all, vllm engine": ("current", {}, {}, VLLM),
-    # the quickstart config's own engine (hf since this work; both sample the same distribution: README)
-    "all (defaults)": ("current", {}, {}, []),
+REFERENCE = "all off"  # every option off: the ratios' denominator and, on 100m, the float32 padded log-probs
+QUICKSTART = {  # variant: (trainer settings, algorithm settings, other overrides)
+    "all off": (OFF, {"old_logprobs": "recompute"}, VLLM),
+    "+packed": (PACKED, {"old_logprobs": "recompute"}, VLLM),
+    "+shared prompts": (PACKED | {"share_prompts": True}, {"old_logprobs": "recompute"}, VLLM),
+    "+reuse pass": (OFF, {"old_logprobs": "reuse"}, VLLM),
+    "all, vllm engine": ({}, {}, VLLM),
+    # the config's own engine (the quickstart's is hf; both sample the same distribution: README)
+    "all (defaults)": ({}, {}, []),
 }
 TRAINER_100M = {
-    "today": ("baseline", {}, {}),
-    "all off": ("current", OFF, {"old_logprobs": "recompute"}),
-    "+packed": ("current", PACKED, {"old_logprobs": "recompute"}),
-    "+shared prompts": ("current", PACKED | {"share_prompts": True}, {"old_logprobs": "recompute"}),
-    "+chunked head": ("current", OFF | {"logprob_chunk_tokens": 256}, {"old_logprobs": "recompute"}),
-    "+token budget": ("current", PACKED | {"micro_batch_tokens": 2048}, {"old_logprobs": "recompute"}),
-    "+reuse pass": ("current", OFF, {"old_logprobs": "reuse"}),
-    "all (defaults)": ("current", {}, {}),
-    "all + act. ckpt": ("current", {"activation_checkpointing": True}, {}),
-    "all + bf16 autocast": ("current", {"autocast": "bfloat16"}, {}),
+    "all off": (OFF, {"old_logprobs": "recompute"}),
+    "+packed": (PACKED, {"old_logprobs": "recompute"}),
+    "+shared prompts": (PACKED | {"share_prompts": True}, {"old_logprobs": "recompute"}),
+    "+chunked head": (OFF | {"logprob_chunk_tokens": 256}, {"old_logprobs": "recompute"}),
+    "+token budget": (PACKED | {"micro_batch_tokens": 2048}, {"old_logprobs": "recompute"}),
+    "+reuse pass": (OFF, {"old_logprobs": "reuse"}),
+    "all (defaults)": ({}, {}),
+    "all + act. ckpt": ({"activation_checkpointing": True}, {}),
+    "all + bf16 autocast": ({"autocast": "bfloat16"}, {}),
 }
+WARMUP_STEPS = 3  # quickstart: steps left out of the medians
 GROUP = 8  # 100m: samples per prompt, as the quickstart's and the SmolLM2 config's group_size
 STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
-
-
-def checkout(rev: str, into: Path) -> Path:
-    """The tree of `rev` as plain files (the baseline variant runs its own yatt and launcher)."""
-    archive = into / "baseline.tar"
-    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), rev], check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(into / "baseline", filter="data")
-    (into / "baseline/models").symlink_to(REPO / "models")  # models are built, not tracked
-    return into / "baseline"
 
 
 class PeakRss:
@@ -113,21 +103,20 @@ class PeakRss:
         return sorted(k / 2**20 for k in self.peak_kib.values())  # GiB per rank
 
 
-def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int, work: Path,
+def run_quickstart(name: str, config: Path, trainer: dict, algo: dict, steps: int, work: Path,
                    other: list[str]) -> dict:
     run_name = slug(name)
-    # dynamic sampling off: every variant (and the baseline's own config, which predates it in the quickstart)
-    # trains the same 512 samples per step, so the step times compare the same work
+    # dynamic sampling off: every variant trains the same samples per step, so the step times compare the same work
     overrides = [f"run.steps={steps}", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
                  f"run.output_dir={work}", f"run.name={run_name}", "algorithm.dynamic_sampling.enabled=false"]
     overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
     overrides += [f"algorithm.{k}={v}" for k, v in algo.items()] + list(other)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
-           "--config", "configs/quickstart.yaml", "--placement", "full", "--resume", "none", *overrides]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
+           "--config", str(config.resolve()), "--placement", "full", "--resume", "none", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
     with open(work / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         rss = PeakRss(proc.pid)
         rc = proc.wait()
     peaks = rss.stop()
@@ -135,7 +124,7 @@ def run_quickstart(name: str, code: Path, trainer: dict, algo: dict, steps: int,
         raise RuntimeError(f"variant {name!r} failed (exit {rc}); see {work / f'{name}.log'}")
     run_dir = work / run_name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps_ = [r for r in records if r.get("step", 0) > 3 and "time/step_s" in r]
+    steps_ = [r for r in records if r.get("step", 0) > WARMUP_STEPS and "time/step_s" in r]
 
     def median(key: str) -> float:
         return statistics.median(r.get(key, 0.0) for r in steps_)
@@ -163,7 +152,6 @@ def smollm2_shaped(folder: Path) -> Path:
 
 
 def trainer_worker(args: argparse.Namespace) -> None:
-    sys.path.insert(0, args.code)
     import torch
 
     from yatt.algorithms.objective import Algorithm
@@ -186,8 +174,8 @@ def trainer_worker(args: argparse.Namespace) -> None:
     batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
     batch.extras["advantages"] = torch.tensor([rng.uniform(-1, 1) for _ in prompts])
     algorithm = Algorithm(AlgorithmConfig(**{k: v for k, v in algo_cfg.items() if k != "old_logprobs"}))
-    # one mini-batch: with old_logprobs = reuse all of it is on-policy (today's code has no such setting)
-    reuse = algo_cfg.get("old_logprobs", getattr(AlgorithmConfig(), "old_logprobs", "recompute")) == "reuse"
+    # one mini-batch: with old_logprobs = reuse all of it is on-policy
+    reuse = algo_cfg.get("old_logprobs", AlgorithmConfig().old_logprobs) == "reuse"
     probe = trainer.logprobs(batch)[0]  # before any update: the drift against the float32 padded path
     times = []
     for step in range(args.trainer_steps + 1):
@@ -211,13 +199,12 @@ def trainer_worker(args: argparse.Namespace) -> None:
     torch.save(probe, rank_result(args.result, world.rank, ".pt"))
 
 
-def run_trainer(name: str, code: Path, trainer: dict, algo: dict, model: Path, steps: int, work: Path) -> dict:
+def run_trainer(name: str, trainer: dict, algo: dict, model: Path, steps: int, work: Path) -> dict:
     import torch
     result = work / slug(name)
     start = time.perf_counter()
-    ranks = run_worker(name, Path(__file__), ["--code", str(code), "--model", str(model), "--trainer",
-                                              json.dumps(trainer), "--algo", json.dumps(algo), "--trainer-steps",
-                                              str(steps)], result, code)
+    ranks = run_worker(name, Path(__file__), ["--model", str(model), "--trainer", json.dumps(trainer), "--algo",
+                                              json.dumps(algo), "--trainer-steps", str(steps)], result, REPO)
     probes = [torch.load(rank_result(result, r, ".pt")) for r in range(2)]
     return {"variant": name, "logprobs_s": max(r["logprobs_s"] for r in ranks),
             "update_s": max(r["update_s"] for r in ranks),
@@ -233,7 +220,7 @@ def chosen(variants: dict, names: list[str] | None) -> dict:
     unknown = set(names) - set(variants)
     if unknown:
         raise SystemExit(f"unknown variants {sorted(unknown)}; choose from {list(variants)}")
-    return {k: v for k, v in variants.items() if k in {"today", "all off", *names}}
+    return {k: v for k, v in variants.items() if k in {REFERENCE, *names}}
 
 
 # ---- report ----------------------------------------------------------------------------------
@@ -264,48 +251,53 @@ def plot(results: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", choices=("quickstart", "100m", "all"), default="all")
-    parser.add_argument("--steps", type=int, default=40, help="quickstart: RL steps per variant")
+    parser.add_argument("--steps", type=int, default=40, help=f"quickstart: RL steps per variant (the first "
+                        f"{WARMUP_STEPS} are left out)")
+    parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml", help="quickstart: the "
+                        "experiment each variant trains")
     parser.add_argument("--trainer-steps", type=int, default=2, help="100m: timed trainer steps per variant")
     parser.add_argument("--model", type=Path, default=None, help="100m: a Hugging Face folder instead of the "
                         "random SmolLM2-shaped model")
-    parser.add_argument("--variants", nargs="*", default=None, help="only these variants (names as in the "
-                        "tables; 'today' and 'all off' are always run: ratios and drift are relative to them)")
-    parser.add_argument("--baseline", default=BASELINE, help="git revision whose code is 'today'")
+    parser.add_argument("--variants", nargs="*", default=None, help=f"only these variants (names as in the "
+                        f"tables; {REFERENCE!r} is always run: ratios and drift are relative to it)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_time")
-    add_worker_args(parser, "--code", "--trainer", "--algo")
+    add_worker_args(parser, "--trainer", "--algo")
     args = parser.parse_args()
     if args.worker:
         trainer_worker(args)
         return 0
-    results: dict = {"baseline": args.baseline, "settings": vars(args) | {"out": shown(args.out), "model": shown(args.model)}}
+    if args.workload != "100m" and args.steps <= WARMUP_STEPS:
+        parser.error(f"--steps: more than the {WARMUP_STEPS} warm-up steps")
+    hidden = ("worker", "trainer", "algo", "result")  # the worker's flags
+    paths = {"out": shown(args.out), "config": shown(args.config), "model": args.model and shown(args.model)}
+    results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in hidden} | paths}
     with tempfile.TemporaryDirectory(prefix="yatt-step-time-") as tmp:
         work = Path(tmp)
-        codes = {"baseline": checkout(args.baseline, work), "current": REPO}
         if args.workload in ("quickstart", "all"):
             rows = []
-            for name, (code, trainer, algo, other) in chosen(QUICKSTART, args.variants).items():
+            for name, (trainer, algo, other) in chosen(QUICKSTART, args.variants).items():
                 print(f"quickstart / {name} ...", flush=True)
-                rows.append(run_quickstart(name, codes[code], trainer, algo, args.steps, work, other))
+                rows.append(run_quickstart(name, args.config, trainer, algo, args.steps, work, other))
                 print(f"  step {rows[-1]['step_s']:.3f} s  (logprobs {rows[-1]['logprobs_s']:.3f}, update "
                       f"{rows[-1]['update_s']:.3f}, generate {rows[-1]['generate_s']:.3f})", flush=True)
             results["quickstart"] = rows
         if args.workload in ("100m", "all"):
             model = args.model or smollm2_shaped(REPO / "models/bench-smollm2-shape")
             rows = []
-            for name, (code, trainer, algo) in chosen(TRAINER_100M, args.variants).items():
+            for name, (trainer, algo) in chosen(TRAINER_100M, args.variants).items():
                 print(f"100m trainer / {name} ...", flush=True)
-                rows.append(run_trainer(name, codes[code], trainer, algo, model, args.trainer_steps, work))
+                rows.append(run_trainer(name, trainer, algo, model, args.trainer_steps, work))
                 print(f"  trainer {rows[-1]['trainer_s']:.2f} s/step, peak trainer memory "
                       f"{rows[-1]['peak_trainer_gib']:.2f} GiB", flush=True)
-            reference = next(r["_probes"] for r in rows if r["variant"] == "all off")
+            reference = next(r["_probes"] for r in rows if r["variant"] == REFERENCE)
             for r in rows:
                 r["logprob_drift_max"] = max(float((p - q).abs().max()) for p, q in zip(r.pop("_probes"), reference))
             results["100m"] = rows
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
-    md = [f"# Step time: today ({args.baseline}) vs the efficiency options\n"]
+    md = ["# Step time: every efficiency option off, each one on, and all of them\n"]
     if "quickstart" in results:
-        md += [f"## quickstart (2 ranks, median of steps 4-{args.steps})\n", table(
+        md += [f"## {shown(args.config)} (2 ranks, median of steps {WARMUP_STEPS + 1}-{args.steps})\n", table(
             results["quickstart"], [("step_s", "step s"), ("generate_s", "generate"), ("logprobs_s", "logprobs"),
                                     ("update_s", "update"), ("sync_s", "sync"), ("balance_s", "balance"),
                                     ("lp_diff_mean", "rollout-trainer |dlogp|")], ["step_s"]), ""]

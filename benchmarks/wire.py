@@ -121,17 +121,18 @@ def main() -> int:
     parser.add_argument("--attackers", type=int, default=6)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--model", default="models/quickstart-policy")
+    parser.add_argument("--model", default="models/quickstart-policy", help="the engine's policy (missing: a random "
+                        "tiny one)")
     parser.add_argument("--out", default="benchmarks/results/wire.json")
     args = parser.parse_args()
 
-    model = Path(args.model)
-    if not model.exists():
-        from yatt.models.tiny import TinyModelConfig, write_tiny_model
-        model = write_tiny_model(Path(tempfile.mkdtemp()) / "m", TinyModelConfig(max_position_embeddings=96), seed=0)
     cfg = EngineConfig(backend="hf", max_model_len=64, max_num_seqs=16, request_timeout_s=120, startup_timeout_s=300)
     spec = SamplingSpec(n=1, temperature=1.0, max_tokens=args.new_tokens, logprobs=False)
     with tempfile.TemporaryDirectory() as tmp:
+        model = Path(args.model)
+        if not model.exists():
+            from yatt.models.tiny import TinyModelConfig, write_tiny_model
+            model = write_tiny_model(Path(tmp) / "m", TinyModelConfig(max_position_embeddings=96), seed=0)
         engine = spawn_engine(model, cfg, seed=0, log_path=Path(tmp) / "engine.log", secret=new_secret())
         try:
             honest_latency(engine, 3, spec)  # warm up

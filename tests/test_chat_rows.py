@@ -2,16 +2,20 @@
 
 import json
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import BatchEncoding
 
 from chat_tokenizer import chat_tokenizer
 from yatt.config import ExperimentConfig
+from yatt.config_loading import ConfigError, load_config
+from yatt.data.config import GymSource
 from yatt.data.errors import DataError
-from yatt.data.gym import read_gym_shard
 from yatt.data.jsonl import read_jsonl_shard
 from yatt.data.prepare import encode_prompts, load_rank_data
+from yatt.data.sources import load_shard
 from yatt.data.tokens import flat_ids
 from yatt.distributed import World
 from yatt.models.tiny import build_char_tokenizer
@@ -65,13 +69,70 @@ def test_chat_row_needs_a_template(tmp_path):
 
 def test_reasoning_gym_chat_rows_use_system_prompt_and_instruction():
     tok = chat_tokenizer()
-    rows = read_gym_shard("basic_arithmetic", 4, 1, {}, 0, 1, chat=True, system_prompt="Be brief.",
-                          instruction="{question}\nAnswer with a number.")
-    plain = read_gym_shard("basic_arithmetic", 4, 1, {}, 0, 1)
+    gym = {"kind": "reasoning_gym", "dataset": "basic_arithmetic", "size": 4, "seed": 1}
+    rows = load_shard(GymSource(**gym, chat=True, system_prompt="Be brief.",
+                                instruction="{question}\nAnswer with a number."), 0, 1)
+    plain = load_shard(GymSource(**gym), 0, 1)
     assert rows[0].prompt is None and rows[0].messages[0] == {"role": "system", "content": "Be brief."}
     assert rows[0].messages[1]["content"] == plain[0].prompt + "\nAnswer with a number."
     text = tok.decode(rows[0].prompt_ids(tok))
     assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+
+
+GSM8K_CHAT = {"kind": "parquet", "prompt_key": "question", "answer_key": "answer", "answer_regex": r"####\s*(.+)$",
+              "data_source": "last_number", "chat": True, "system_prompt": "Think step by step.",
+              "instruction": "{question}\nEnd with: the answer is N."}
+
+
+def test_file_source_chat_renders_the_prompt_column_through_the_template(tmp_path):
+    """chat: true on a Parquet file with a question column (GSM8K's shape): each question becomes the system prompt
+    and the instruction's user message, through the tokenizer's chat template, in the ids the run checks and
+    evaluates; the answer column is still read through answer_regex."""
+    tok = chat_tokenizer()
+    path = tmp_path / "gsm8k.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": f"Tom has {i} apples and buys 2. How many?",
+                                          "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(4)]), path)
+    cfg = ExperimentConfig(model={"path": str(tmp_path)}, data={"train": {**GSM8K_CHAT, "files": [str(path)]},
+                                                                 "eval": {**GSM8K_CHAT, "files": [str(path)]}})
+    data = load_rank_data(cfg, ONE, tok)
+    row = data.train[1]
+    assert row.prompt is None and row.answer == "3" and row.question() == (
+        "Tom has 1 apples and buys 2. How many?\nEnd with: the answer is N.")
+    assert tok.decode(data.eval_prompt_ids[1]) == (
+        "<|im_start|>system\nThink step by step.<|im_end|>\n<|im_start|>user\nTom has 1 apples and buys 2. How "
+        "many?\nEnd with: the answer is N.<|im_end|>\n<|im_start|>assistant\n")
+    plain = load_shard(cfg.data.train.model_copy(update={"chat": False}), 0, 1)  # the default: raw text
+    assert plain[1].messages is None and tok.decode(plain[1].prompt_ids(tok)) == plain[1].prompt
+
+
+def test_file_source_chat_without_a_system_prompt(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"prompt": "2+3=", "answer": "5"}) + "\n")
+    cfg = ExperimentConfig(model={"path": "m"}, data={"train": {"kind": "jsonl", "files": [str(path)], "chat": True,
+                                                                "system_prompt": None}})
+    (row,) = load_shard(cfg.data.train, 0, 1)
+    assert row.messages == [{"role": "user", "content": "2+3="}]
+
+
+def test_file_source_chat_refuses_a_messages_row_naming_it(tmp_path):
+    """With chat: true every row gets the source's system prompt and instruction; a row that is a chat already
+    would silently escape them."""
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n"
+                    + json.dumps({"messages": [{"role": "user", "content": "1+2="}], "answer": "3"}) + "\n")
+    train = {"kind": "jsonl", "files": [str(path)]}
+    assert len(load_shard(ExperimentConfig(model={"path": "m"}, data={"train": train}).data.train, 0, 1)) == 2
+    chat = ExperimentConfig(model={"path": "m"}, data={"train": {**train, "chat": True}}).data.train
+    with pytest.raises(DataError, match=rf"{path}:2: a 'messages' row in a source with chat: true"):
+        load_shard(chat, 0, 1)
+
+
+def test_instruction_needs_the_question_in_every_source(tmp_path):
+    for train in ("{kind: jsonl, files: [a.jsonl]", "{kind: reasoning_gym, dataset: basic_arithmetic"):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"model: {{path: m}}\ndata:\n  train: {train}, chat: true, instruction: 'Solve it.'}}\n")
+        with pytest.raises(ConfigError, match=r"instruction must contain \{question\}"):
+            load_config(ExperimentConfig, path)
 
 
 def _cfg(tmp_path, train, eval_=None, **data):

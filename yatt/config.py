@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -33,6 +32,7 @@ from yatt.algorithms.ppo_clip import PPOClipConfig
 from yatt.backends import BackendChoice
 from yatt.balance.partition import PARTITIONERS
 from yatt.config_loading import ConfigError, load_config
+from yatt.data.config import DataSource, FileSource, GymSource  # noqa: F401  (re-exported: part of the config)
 from yatt.engines.config import EngineConfig
 from yatt.genrm.config import JudgeConfig
 from yatt.genrm.mixing import MixMode
@@ -50,83 +50,6 @@ class ModelConfig(Section):
     freeze_vision: bool = Field(False, description="Vision-language policy: keep the vision tower's weights fixed "
                                 "(no gradients, no optimizer state, not sent to engines); the connector and "
                                 "the decoder train. No effect on a text policy.")
-
-
-class FileSource(Section):
-    """Prompts from local files: yatt's JSONL format, or any JSON/JSONL/Parquet whose columns are mapped."""
-
-    kind: Literal["jsonl", "json", "parquet"] = Field(
-        "jsonl", description="jsonl: one JSON object per line; json: one array of objects; parquet: a table.")
-    files: list[Path] = Field(min_length=1, description="The files, read in order (see yatt.data.jsonl/files).")
-    prompt_key: str = Field("prompt", description="Column with the prompt text (tokenized as is).")
-    messages_key: str | None = Field("messages", description="Column with chat messages [{role, content}] "
-                                     "(rendered with the tokenizer's chat template); a row has exactly one of the "
-                                     "prompt and messages columns set. null: no chat column.")
-    answer_key: str | None = Field("answer", description="Column with the reference answer for the verifier.")
-    data_source: str | None = Field(None, description="Verifier for every row (e.g. last_number, "
-                                    "reasoning_gym/<dataset>); null: each row's data_source column, else exact_match.")
-    extra_columns: Literal["error", "ignore", "metadata"] = Field(
-        "error", description="Columns not mapped: error (catches typos), ignore, or metadata (passed to the verifier).")
-    images_key: str | None = Field("images", description="Column with the row's images: a list of file paths "
-                                   "(relative to the data file) or data URIs; the text marks each with <image> "
-                                   "(or they go in front of it). null: no image column.")
-    answer_regex: str | None = Field(None, description="Take the reference answer from the answer column with this "
-                                     "regex's first group, e.g. '####\\s*(.+)$' for GSM8K; a row it does not "
-                                     "match is an error naming the row. null: the whole column.")
-
-    @field_validator("answer_regex")
-    @classmethod
-    def _one_group(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                groups = re.compile(value).groups
-            except re.error as err:
-                raise ValueError(f"answer_regex is not a valid regular expression: {err}") from None
-            if groups < 1:
-                raise ValueError("answer_regex needs a group ( ... ) around the answer")
-        return value
-
-    @model_validator(mode="after")
-    def _distinct_keys(self) -> "FileSource":
-        keys = [k for k in (self.prompt_key, self.messages_key, self.answer_key, self.images_key) if k is not None]
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"prompt_key, messages_key, answer_key and images_key must name different columns, "
-                             f"got {keys}")
-        return self
-
-    @property
-    def columns(self):
-        from yatt.data.records import Columns  # the data package imports nothing from the config
-
-        return Columns(self.prompt_key, self.messages_key, self.answer_key, self.data_source, self.extra_columns,
-                       self.answer_regex, self.images_key)
-
-
-class GymSource(Section):
-    kind: Literal["reasoning_gym"]
-    dataset: str = Field(description="reasoning-gym dataset name, e.g. basic_arithmetic.")
-    size: int = Field(10_000, gt=0, description="Number of procedurally generated prompts.")
-    seed: int = Field(0, description="Generator seed; use different seeds for the train and eval splits.")
-    options: dict = Field(default_factory=dict, description="Extra keyword arguments of the generator.")
-    data_source: str | None = Field(None, description="Verifier instead of the dataset's own reasoning-gym scorer, "
-                                    "e.g. last_number for a model that answers in a sentence; null: the scorer.")
-    chat: bool = Field(False, description="Give the question as a chat (system prompt + user message) through the "
-                       "tokenizer's chat template, for instruct models; false: the raw question text.")
-    system_prompt: str | None = Field(
-        "You are a helpful assistant. Solve the problem and give only the final answer.",
-        description="chat: the system message (null: none).")
-    instruction: str = Field("{question}", description="chat: the user message; {question} is the question, e.g. "
-                             "\"{question}\\nReply with only the answer.\"")
-
-    @field_validator("instruction")
-    @classmethod
-    def _has_question(cls, value: str) -> str:
-        if "{question}" not in value:
-            raise ValueError("instruction must contain {question}")
-        return value
-
-
-DataSource = Annotated[Union[FileSource, GymSource], Field(discriminator="kind")]
 
 
 class DataConfig(Section):

@@ -22,7 +22,7 @@ DEFAULT_SOURCE = "exact_match"
 
 @dataclass(frozen=True)
 class Columns:
-    """Which column holds what (yatt.config.FileSource documents each field)."""
+    """Which column holds what (yatt.data.config.FileSource documents each field)."""
 
     prompt_key: str = "prompt"
     messages_key: str | None = "messages"

@@ -1,9 +1,11 @@
-"""Open a configured data source as this rank's shard."""
+"""Open a configured data source (yatt.data.config) as this rank's shard."""
 
 from __future__ import annotations
 
-from yatt.config import DataSource, FileSource, GymSource
+from yatt.data.chat import as_chats
+from yatt.data.config import DataSource, FileSource, GymSource
 from yatt.data.gym import read_gym_shard
+from yatt.data.records import Columns
 from yatt.data.rows import PromptRow
 from yatt.registry import Registry
 
@@ -15,14 +17,22 @@ FILE_READERS: Registry = Registry("data.<split>.kind", {
 })
 
 
+def columns(source: FileSource) -> Columns:
+    """The column mapping a file reader applies to each record."""
+    return Columns(source.prompt_key, source.messages_key, source.answer_key, source.data_source,
+                   source.extra_columns, source.answer_regex, source.images_key)
+
+
 def load_shard(source: DataSource, rank: int, world_size: int, limit: int | None = None) -> list[PromptRow]:
+    """This rank's rows, as chats when the source sets chat: true."""
     if isinstance(source, FileSource):
-        return FILE_READERS.get(source.kind)(source.files, rank, world_size, limit, source.columns)
-    if isinstance(source, GymSource):
-        return read_gym_shard(source.dataset, source.size, source.seed, source.options, rank, world_size, limit,
-                              chat=source.chat, system_prompt=source.system_prompt, instruction=source.instruction,
+        rows = FILE_READERS.get(source.kind)(source.files, rank, world_size, limit, columns(source))
+    elif isinstance(source, GymSource):
+        rows = read_gym_shard(source.dataset, source.size, source.seed, source.options, rank, world_size, limit,
                               data_source=source.data_source)
-    raise TypeError(f"unknown data source {source!r}")
+    else:
+        raise TypeError(f"unknown data source {source!r}")
+    return as_chats(rows, source)
 
 
 def describe(source: DataSource) -> str:

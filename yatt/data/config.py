@@ -1,0 +1,101 @@
+"""The config sections of data sources (`data.train`, `data.eval`): local files or reasoning-gym generators.
+
+They live beside the readers they configure (yatt.data.sources opens them) and import nothing but pydantic, so
+reading a config never imports torch; yatt.config puts them in `DataConfig`. Both kinds share `ChatPrompt`: with
+`chat: true` a row's question text is given to the policy as a chat (system prompt + user message built from
+`instruction`) through the tokenizer's chat template (yatt.data.chat), for instruct models.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class ChatPrompt(BaseModel):
+    """How a question becomes a prompt: raw text, or a chat (the fields every data source shares)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chat: bool = Field(False, description="Give each question as a chat (system prompt + user message) through the "
+                       "tokenizer's chat template, for instruct models; false: the raw question text.")
+    system_prompt: str | None = Field(
+        "You are a helpful assistant. Solve the problem and give only the final answer.",
+        description="chat: the system message (null: none).")
+    instruction: str = Field("{question}", description="chat: the user message; {question} is the question, e.g. "
+                             "\"{question}\\nReply with only the answer.\"")
+
+    @field_validator("instruction")
+    @classmethod
+    def _has_question(cls, value: str) -> str:
+        if "{question}" not in value:
+            raise ValueError("instruction must contain {question}")
+        return value
+
+
+class FileSource(ChatPrompt):
+    """Prompts from local files: yatt's JSONL format, or any JSON/JSONL/Parquet whose columns are mapped.
+
+    A row has a prompt column (text) or a messages column (a chat, always rendered with the chat template). With
+    chat: true every row's prompt text is wrapped in the same system prompt and instruction, so a messages row,
+    which would escape them, is an error naming the row.
+    """
+
+    kind: Literal["jsonl", "json", "parquet"] = Field(
+        "jsonl", description="jsonl: one JSON object per line; json: one array of objects; parquet: a table.")
+    files: list[Path] = Field(min_length=1, description="The files, read in order (see yatt.data.jsonl/files).")
+    prompt_key: str = Field("prompt", description="Column with the prompt text: tokenized as is, or with chat: "
+                            "true the question of a chat.")
+    messages_key: str | None = Field("messages", description="Column with chat messages [{role, content}] "
+                                     "(rendered with the tokenizer's chat template); a row has exactly one of the "
+                                     "prompt and messages columns set (with chat: true, the prompt column). null: no "
+                                     "chat column.")
+    answer_key: str | None = Field("answer", description="Column with the reference answer for the verifier.")
+    data_source: str | None = Field(None, description="Verifier for every row (e.g. last_number, "
+                                    "reasoning_gym/<dataset>); null: each row's data_source column, else exact_match.")
+    extra_columns: Literal["error", "ignore", "metadata"] = Field(
+        "error", description="Columns not mapped: error (catches typos), ignore, or metadata (passed to the verifier).")
+    images_key: str | None = Field("images", description="Column with the row's images: a list of file paths "
+                                   "(relative to the data file) or data URIs; the text marks each with <image> "
+                                   "(or they go in front of it). null: no image column.")
+    answer_regex: str | None = Field(None, description="Take the reference answer from the answer column with this "
+                                     "regex's first group, e.g. '####\\s*(.+)$' for GSM8K; a row it does not "
+                                     "match is an error naming the row. null: the whole column.")
+
+    @field_validator("answer_regex")
+    @classmethod
+    def _one_group(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                groups = re.compile(value).groups
+            except re.error as err:
+                raise ValueError(f"answer_regex is not a valid regular expression: {err}") from None
+            if groups < 1:
+                raise ValueError("answer_regex needs a group ( ... ) around the answer")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct_keys(self) -> "FileSource":
+        keys = [k for k in (self.prompt_key, self.messages_key, self.answer_key, self.images_key) if k is not None]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"prompt_key, messages_key, answer_key and images_key must name different columns, "
+                             f"got {keys}")
+        return self
+
+
+class GymSource(ChatPrompt):
+    """Procedurally generated prompts from reasoning-gym (offline, verifiable)."""
+
+    kind: Literal["reasoning_gym"] = Field(description="reasoning_gym: prompts generated by reasoning-gym.")
+    dataset: str = Field(description="reasoning-gym dataset name, e.g. basic_arithmetic.")
+    size: int = Field(10_000, gt=0, description="Number of procedurally generated prompts.")
+    seed: int = Field(0, description="Generator seed; use different seeds for the train and eval splits.")
+    options: dict = Field(default_factory=dict, description="Extra keyword arguments of the generator.")
+    data_source: str | None = Field(None, description="Verifier instead of the dataset's own reasoning-gym scorer, "
+                                    "e.g. last_number for a model that answers in a sentence; null: the scorer.")
+
+
+DataSource = Annotated[Union[FileSource, GymSource], Field(discriminator="kind")]
