@@ -8,7 +8,7 @@ export OMP_NUM_THREADS := 1
 
 PLACEMENT ?= partial
 
-.PHONY: setup quickstart quickstart-genrm quickstart-vl test test-all clean
+.PHONY: setup quickstart quickstart-genrm quickstart-vl lint format test test-all clean
 
 setup: $(STAMP)
 
@@ -34,10 +34,19 @@ quickstart-vl: setup
 	test -d models/quickstart-vl || $(PY) -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl
 	$(PY) launch/train.py --nproc 2 --config configs/quickstart_vl.yaml --placement full
 
-test: setup
+# ruff (configured in pyproject.toml): lint, and a format check; `make format` rewrites the files
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: lint
 	$(PY) -m pytest -q -m "not slow"
 
-test-all: setup
+test-all: lint
 	$(PY) -m pytest -q
 
 clean:

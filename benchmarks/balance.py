@@ -1,6 +1,7 @@
 """DP load balancing on a skewed, long-tailed length distribution: workload imbalance and trainer step time.
 
-    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 benchmarks/balance.py [--reps 3] [--out benchmarks/results/balance.json]
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 benchmarks/balance.py [--reps 3] \
+        [--out benchmarks/results/balance.json]
 
 Each rank holds 8 GRPO groups of 8 synthetic rollouts. Response lengths are long-tailed (log-normal per
 group, as prompt difficulty makes whole groups long) and skewed: rank 0's prompts are harder, so its
@@ -25,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from yatt.balance.exchange import rebalance  # noqa: E402
-from yatt.data.rollout import Rollout  # noqa: E402
-from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
 from yatt.algorithms.objective import Algorithm  # noqa: E402
+from yatt.balance.exchange import rebalance  # noqa: E402
+from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
+from yatt.data.rollout import Rollout  # noqa: E402
 from yatt.distributed import close_world, init_world  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.tensors import TokenBatch  # noqa: E402
@@ -47,8 +48,17 @@ def synthetic_rollouts(rank: int, seed: int = 0) -> list[Rollout]:
         base = scale * math.exp(rng.gauss(0.0, 0.6))  # long tail over groups
         for _ in range(G):
             n = max(1, min(MAX_LEN - len(prompt), int(base * math.exp(rng.gauss(0.0, 0.3)))))
-            out.append(Rollout(None, prompt, [rng.randrange(3, 20) for _ in range(n)], [-rng.random() for _ in range(n)],
-                               "stop", reward=float(rng.random() < 0.5), origin=(rank, len(out))))
+            out.append(
+                Rollout(
+                    None,
+                    prompt,
+                    [rng.randrange(3, 20) for _ in range(n)],
+                    [-rng.random() for _ in range(n)],
+                    "stop",
+                    reward=float(rng.random() < 0.5),
+                    origin=(rank, len(out)),
+                )
+            )
     return out
 
 
@@ -61,16 +71,21 @@ def train_step(trainer: TorchTrainer, world, samples: list[Rollout], balance: bo
     batch.extras["old_logprobs"] = batch.per_token([s.rollout_logprobs for s in held])
     batch.extras["advantages"] = torch.tensor([s.reward - 0.5 for s in held])
     tokens, seqs = world.sum([float(batch.mask.sum()), float(len(batch))])
-    trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(tokens / world.size, seqs / world.size,
-                                                     norm_length=MAX_LEN))
+    trainer.train_mini_batch(
+        batch, Algorithm(AlgorithmConfig()).objective(tokens / world.size, seqs / world.size, norm_length=MAX_LEN)
+    )
     return time.perf_counter() - start, plan
 
 
 def measure(world, args: argparse.Namespace) -> None:
     model_dir = Path(args.workdir) / "model"
     if world.is_main:
-        write_tiny_model(model_dir, TinyModelConfig(hidden_size=HIDDEN, intermediate_size=3 * HIDDEN,
-                                                    num_hidden_layers=2, max_position_embeddings=MAX_LEN))
+        write_tiny_model(
+            model_dir,
+            TinyModelConfig(
+                hidden_size=HIDDEN, intermediate_size=3 * HIDDEN, num_hidden_layers=2, max_position_embeddings=MAX_LEN
+            ),
+        )
     world.barrier()
     attention_coef = 1.0 / (6 * HIDDEN)  # attention ~ 2*L*h per token vs ~12*h^2 for the projections
     trainer = TorchTrainer(model_dir, TrainerConfig(lr=1e-6), world)
@@ -86,23 +101,37 @@ def measure(world, args: argparse.Namespace) -> None:
     rows = []
     for name in SETUPS:
         m = plans[name].metrics()
-        rows.append({"setup": name, "imbalance": round(m["balance/imbalance_after"], 4),
-                     "moved_samples": int(m["balance/moved_samples"]),
-                     "step_s_median": round(statistics.median(times[name]), 4),
-                     "step_s_all": [round(t, 4) for t in times[name]]})
+        rows.append(
+            {
+                "setup": name,
+                "imbalance": round(m["balance/imbalance_after"], 4),
+                "moved_samples": int(m["balance/moved_samples"]),
+                "step_s_median": round(statistics.median(times[name]), 4),
+                "step_s_all": [round(t, 4) for t in times[name]],
+            }
+        )
     base = rows[0]["step_s_median"]
     for row in rows:
         row["speedup"] = round(base / row["step_s_median"], 3)
     if world.is_main:
         print(f"{'setup':<10} {'max/mean workload':>18} {'moved':>6} {'step s (median)':>16} {'speedup':>8}")
         for r in rows:
-            print(f"{r['setup']:<10} {r['imbalance']:>18.3f} {r['moved_samples']:>6d} {r['step_s_median']:>16.3f} "
-                  f"{r['speedup']:>8.2f}")
-        result = {"world_size": world.size, "groups_per_rank": GROUPS, "group_size": G, "hidden_size": HIDDEN,
-                  "attention_coef": attention_coef, "reps": args.reps,
-                  "tokens_per_rank_before": [sum(len(s.prompt_ids) + len(s.response_ids)
-                                                 for s in synthetic_rollouts(r)) for r in range(world.size)],
-                  "rows": rows}
+            print(
+                f"{r['setup']:<10} {r['imbalance']:>18.3f} {r['moved_samples']:>6d} {r['step_s_median']:>16.3f} "
+                f"{r['speedup']:>8.2f}"
+            )
+        result = {
+            "world_size": world.size,
+            "groups_per_rank": GROUPS,
+            "group_size": G,
+            "hidden_size": HIDDEN,
+            "attention_coef": attention_coef,
+            "reps": args.reps,
+            "tokens_per_rank_before": [
+                sum(len(s.prompt_ids) + len(s.response_ids) for s in synthetic_rollouts(r)) for r in range(world.size)
+            ],
+            "rows": rows,
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}")

@@ -37,8 +37,13 @@ from yatt.trainers.torch_trainer import TorchTrainer  # noqa: E402
 
 def random_qwen2(hidden: int, layers: int) -> TinyModelConfig:
     """The random Qwen2 of the second workload: 12 query / 4 key-value heads (hidden 768, 12 layers: 100M+)."""
-    return TinyModelConfig(hidden_size=hidden, intermediate_size=4 * hidden, num_hidden_layers=layers,
-                           num_attention_heads=12, num_key_value_heads=4)
+    return TinyModelConfig(
+        hidden_size=hidden,
+        intermediate_size=4 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+    )
 
 
 def loss(logprobs: torch.Tensor, entropy: torch.Tensor | None, mb: TokenBatch) -> tuple[torch.Tensor, dict]:
@@ -73,8 +78,11 @@ def bench_model(name: str, path: Path, saves: int, work: Path) -> dict:
             start = time.perf_counter()
             writer.wait()
             background.append(time.perf_counter() - start + (steps_during[-1] if steps_during else 0.0))
-        result[mode] = {"stall_s": [round(s, 4) for s in stalls], "stall_mean_s": statistics.mean(stalls),
-                        "stall_median_s": statistics.median(stalls)}
+        result[mode] = {
+            "stall_s": [round(s, 4) for s in stalls],
+            "stall_mean_s": statistics.mean(stalls),
+            "stall_median_s": statistics.median(stalls),
+        }
         if mode == "async":
             result[mode]["write_after_stall_s"] = statistics.mean(background)
             result[mode]["train_step_during_write_s"] = statistics.mean(steps_during)
@@ -89,8 +97,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/checkpoint.json"))
     parser.add_argument("--saves", type=int, default=3, help="saves per mode for the 100M model")
     parser.add_argument("--saves-small", type=int, default=10, help="saves per mode for the quickstart model")
-    parser.add_argument("--quickstart", type=Path, default=Path("models/quickstart-policy"),
-                        help="the quickstart policy's folder (skipped when missing)")
+    parser.add_argument(
+        "--quickstart",
+        type=Path,
+        default=Path("models/quickstart-policy"),
+        help="the quickstart policy's folder (skipped when missing)",
+    )
     parser.add_argument("--hidden", type=int, default=768, help="the random Qwen2's hidden size (a multiple of 12)")
     parser.add_argument("--layers", type=int, default=12, help="the random Qwen2's layers")
     args = parser.parse_args()
@@ -104,14 +116,18 @@ def main() -> int:
         for name, path, saves in models:
             results.append(bench_model(name, path, saves, work))
             print(f"{name}: done", flush=True)
-    print(f"\n{'model':<12} {'params':>12} {'state MB':>9} {'sync stall s':>13} {'async stall s':>14} "
-          f"{'async/sync':>11} {'bg write s':>11} {'step alone/during write s':>27}")
+    print(
+        f"\n{'model':<12} {'params':>12} {'state MB':>9} {'sync stall s':>13} {'async stall s':>14} "
+        f"{'async/sync':>11} {'bg write s':>11} {'step alone/during write s':>27}"
+    )
     for r in results:
         a = r["async"]
-        print(f"{r['model']:<12} {r['params']:>12,} {r['state_bytes'] / 2**20:>9.1f} "
-              f"{r['sync']['stall_mean_s']:>13.3f} "
-              f"{a['stall_mean_s']:>14.3f} {r['async_over_sync']:>11.3f} {a['write_after_stall_s']:>11.3f} "
-              f"{r['train_step_alone_s']:>13.3f} / {a['train_step_during_write_s']:.3f}")
+        print(
+            f"{r['model']:<12} {r['params']:>12,} {r['state_bytes'] / 2**20:>9.1f} "
+            f"{r['sync']['stall_mean_s']:>13.3f} "
+            f"{a['stall_mean_s']:>14.3f} {r['async_over_sync']:>11.3f} {a['write_after_stall_s']:>11.3f} "
+            f"{r['train_step_alone_s']:>13.3f} / {a['train_step_during_write_s']:.3f}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"results": results}, indent=2) + "\n")
     print(f"\nwrote {args.out}")

@@ -77,8 +77,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing; spawned receivers import it too
 
 # benchmarks/ is on the path: this file runs as a script
-from image_workload import PATCH, SHUFFLE, textured_image, write_policy, write_workload  # noqa: E402
 from harness import pyplot  # noqa: E402
+from image_workload import PATCH, SHUFFLE, textured_image, write_policy, write_workload  # noqa: E402
 from proc_memory import PeakSampler, reset_peak, trim_heap, vm_kib  # noqa: E402
 
 MIB = 2**20
@@ -88,13 +88,19 @@ ACCEPT = 0.55  # issue 14: at DP = 2 each controller holds <= 0.55 of what the s
 
 def experiment(policy: Path, data: Path, prompts: int, group: int, response_tokens: int) -> dict:
     """The config every process reads: one step of `prompts` prompts is the whole data set."""
-    return {"model": {"path": str(policy)},
-            "data": {"train": {"kind": "jsonl", "files": [str(data / "train.jsonl")]}, "prompts_per_step": prompts,
-                     "max_prompt_tokens": 64},
-            "rollout": {"group_size": group, "max_new_tokens": response_tokens}}
+    return {
+        "model": {"path": str(policy)},
+        "data": {
+            "train": {"kind": "jsonl", "files": [str(data / "train.jsonl")]},
+            "prompts_per_step": prompts,
+            "max_prompt_tokens": 64,
+        },
+        "rollout": {"group_size": group, "max_new_tokens": response_tokens},
+    }
 
 
 # ---- what a step holds (both kinds of process run this) ---------------------------------------
+
 
 class DataPath:
     """The step's data path of one controller: its parts are built before the idle size is read."""
@@ -152,17 +158,21 @@ class DataPath:
         for row, ids, image in zip(rows, prompt_ids, images):
             rng = random.Random(row.index)  # the same stand-in responses for a prompt in every variant
             # generation's stand-in: G full-length responses per prompt (see the module docstring)
-            completions = [Completion([rng.randrange(vocab) for _ in range(length)],
-                                      [-3.0 * rng.random() for _ in range(length)], "length")
-                           for _ in range(cfg.rollout.group_size)]
+            completions = [
+                Completion(
+                    [rng.randrange(vocab) for _ in range(length)],
+                    [-3.0 * rng.random() for _ in range(length)],
+                    "length",
+                )
+                for _ in range(cfg.rollout.group_size)
+            ]
             rollouts += group_rollouts(row, ids, image, completions, self.tokenizer)
         return rollouts
 
 
 def _list_bytes(values: list) -> int:
     """A list and its items; ints in [-5, 256] are CPython's shared small ints and cost nothing more."""
-    return sys.getsizeof(values) + sum(sys.getsizeof(v) for v in values
-                                       if not (isinstance(v, int) and -5 <= v <= 256))
+    return sys.getsizeof(values) + sum(sys.getsizeof(v) for v in values if not (isinstance(v, int) and -5 <= v <= 256))
 
 
 def held_bytes(rollouts: list) -> dict[str, int]:
@@ -171,10 +181,17 @@ def held_bytes(rollouts: list) -> dict[str, int]:
     encoded = sum(len(b) for im in images.values() for b in im.images)
     pixels = sum(im.nbytes for im in images.values()) - encoded
     ids = sum(_list_bytes(im.prompt_ids) + _list_bytes(im.engine_ids) for im in images.values())
-    samples = sum(sys.getsizeof(r) + _list_bytes(r.response_ids) + _list_bytes(r.rollout_logprobs)
-                  + sys.getsizeof(r.text) for r in rollouts)
-    return {"encoded_images": encoded, "pixels": pixels, "prompt_ids": ids, "rollouts": samples,
-            "total": encoded + pixels + ids + samples}
+    samples = sum(
+        sys.getsizeof(r) + _list_bytes(r.response_ids) + _list_bytes(r.rollout_logprobs) + sys.getsizeof(r.text)
+        for r in rollouts
+    )
+    return {
+        "encoded_images": encoded,
+        "pixels": pixels,
+        "prompt_ids": ids,
+        "rollouts": samples,
+        "total": encoded + pixels + ids + samples,
+    }
 
 
 class Measure:
@@ -191,10 +208,13 @@ class Measure:
         return ((vm_kib("self", field) if kib is None else kib) - self.idle[field]) / 1024
 
     def peak(self) -> dict:
-        return {"idle_mib": self.idle["VmRSS"] / 1024, "data_path_s": time.perf_counter() - self.start,
-                "peak_anon_mib": self._above("RssAnon", self.anon.stop()),
-                "peak_rss_mib": self._above("VmRSS", vm_kib("self", "VmHWM")),
-                "file_rss_change_mib": self._above("RssFile")}
+        return {
+            "idle_mib": self.idle["VmRSS"] / 1024,
+            "data_path_s": time.perf_counter() - self.start,
+            "peak_anon_mib": self._above("RssAnon", self.anon.stop()),
+            "peak_rss_mib": self._above("VmRSS", vm_kib("self", "VmHWM")),
+            "file_rss_change_mib": self._above("RssFile"),
+        }
 
     def after(self) -> dict:
         """Once the step's data is dropped: what the allocator kept, and what it keeps after malloc_trim."""
@@ -207,14 +227,22 @@ class Measure:
 
 def finish(path: DataPath, rollouts: list, measure: Measure, **fields) -> dict:
     """The record of one process at the step's end; drops the rollouts (as the step's end does) to see what stays."""
-    out = {**fields, **measure.peak(), "held": held_bytes(rollouts), "prompts": len({id(r.row) for r in rollouts}),
-           "rollouts": len(rollouts), "opened_files": len(set(path.opened)), "opens": len(path.opened),
-           "opened": sorted(set(path.opened))}
+    out = {
+        **fields,
+        **measure.peak(),
+        "held": held_bytes(rollouts),
+        "prompts": len({id(r.row) for r in rollouts}),
+        "rollouts": len(rollouts),
+        "opened_files": len(set(path.opened)),
+        "opens": len(path.opened),
+        "opened": sorted(set(path.opened)),
+    }
     rollouts.clear()
     return {**out, **measure.after()}
 
 
 # ---- the two kinds of controller ---------------------------------------------------------------
+
 
 def controller_worker(args: argparse.Namespace) -> None:
     """One rank of the parallel variant (under torchrun): its own shard, its own images, its own rollouts."""
@@ -270,8 +298,15 @@ def central_worker(args: argparse.Namespace) -> None:
             parent.send_bytes(pickle.dumps((r.vision.engine_ids, r.vision), protocol=pickle.HIGHEST_PROTOCOL))
         parent.send_bytes(b"")
     received = [parent.recv() for parent, _ in pipes]
-    out = finish(path, rollouts, measure, variant="central", dp=args.receivers, rank=0,
-                 shares=[{"prompts": c, "pickled_bytes": b} for c, b in received])
+    out = finish(
+        path,
+        rollouts,
+        measure,
+        variant="central",
+        dp=args.receivers,
+        rank=0,
+        shares=[{"prompts": c, "pickled_bytes": b} for c, b in received],
+    )
     for w in workers:
         w.join()
     Path(f"{args.result}.rank0.json").write_text(json.dumps(out))
@@ -279,12 +314,21 @@ def central_worker(args: argparse.Namespace) -> None:
 
 # ---- the orchestrator --------------------------------------------------------------------------
 
+
 def run_variant(variant: str, dp: int, config: Path, work: Path) -> list[dict]:
     result = work / f"{variant}_dp{dp}"  # a later repeat overwrites: each result is read at once
     role = ["--role", variant, "--config", str(config), "--result", str(result)]
     if variant == "parallel":  # --standalone: a free rendezvous port (another job may hold torchrun's default)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(dp),
-               str(Path(__file__).resolve()), *role]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(dp),
+            str(Path(__file__).resolve()),
+            *role,
+        ]
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), *role, "--receivers", str(dp)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -301,9 +345,14 @@ FIGURES = ("peak_anon_mib", "peak_rss_mib", "held_mib", "after_step_mib", "after
 def summarize(variant: str, dp: int, repeat: int, processes: list[dict], prompts: int) -> dict:
     """One run of a variant at one DP; per-controller figures are the largest process's (the ranks are alike)."""
     opened = [set(p.pop("opened")) for p in processes]
-    out = {"variant": variant, "dp": dp, "repeat": repeat, "processes": processes,
-           # each image file opened by exactly one process, and all of them by someone
-           "opened_disjoint_and_complete": sum(map(len, opened)) == len(set().union(*opened)) == prompts}
+    out = {
+        "variant": variant,
+        "dp": dp,
+        "repeat": repeat,
+        "processes": processes,
+        # each image file opened by exactly one process, and all of them by someone
+        "opened_disjoint_and_complete": sum(map(len, opened)) == len(set().union(*opened)) == prompts,
+    }
     for p in processes:
         p["held_mib"] = p["held"]["total"] / MIB
     for key in FIGURES:
@@ -317,10 +366,14 @@ def aggregate(runs: list[dict]) -> list[dict]:
     out = []
     for key in dict.fromkeys((r["variant"], r["dp"]) for r in runs):
         mine = [r for r in runs if (r["variant"], r["dp"]) == key]
-        row = {"variant": key[0], "dp": key[1], "repeats": len(mine),
-               "processes": [len(r["processes"]) for r in mine][0],
-               "opened_files": [p["opened_files"] for p in mine[0]["processes"]],
-               "opened_disjoint_and_complete": all(r["opened_disjoint_and_complete"] for r in mine)}
+        row = {
+            "variant": key[0],
+            "dp": key[1],
+            "repeats": len(mine),
+            "processes": [len(r["processes"]) for r in mine][0],
+            "opened_files": [p["opened_files"] for p in mine[0]["processes"]],
+            "opened_disjoint_and_complete": all(r["opened_disjoint_and_complete"] for r in mine),
+        }
         for figure in FIGURES:
             row[figure] = statistics.median(r[figure] for r in mine)
         row["peak_anon_range_mib"] = [min(r["peak_anon_mib"] for r in mine), max(r["peak_anon_mib"] for r in mine)]
@@ -355,42 +408,56 @@ def conclude(summary: list[dict], runs: list[dict]) -> dict:
         batch = parallel[0]["held_mib"] * parallel[0]["dp"]
         # the heap's share of each process's peak beyond what it holds: 0, or a fraction of the held bytes
         extra = [p["peak_anon_mib"] / p["held_mib"] - 1 for r in runs for p in r["processes"]]
-        line = (f"peak per controller ~ (1 + f) x {batch:.0f} MiB / DP, the global batch's held bytes split DP ways, "
-                f"f = {min(extra):.2f} to {max(extra):.2f} by process (heap fragmentation); least squares over the "
-                f"medians at DP = {', '.join(map(str, dps))}: {fixed:.0f} MiB + {per_batch:.0f} MiB / DP"
-                + (f"; the central driver ~{statistics.median(central):.0f} MiB at every DP" if central else ""))
-        out["model"] = {"dps": dps, "fixed_mib": fixed, "per_batch_mib": per_batch, "line": line,
-                        "fragmentation": [min(extra), max(extra)],
-                        "residual_mib": max(abs(fixed + per_batch / d - v) for d, v in zip(dps, peaks))}
+        line = (
+            f"peak per controller ~ (1 + f) x {batch:.0f} MiB / DP, the global batch's held bytes split DP ways, "
+            f"f = {min(extra):.2f} to {max(extra):.2f} by process (heap fragmentation); least squares over the "
+            f"medians at DP = {', '.join(map(str, dps))}: {fixed:.0f} MiB + {per_batch:.0f} MiB / DP"
+            + (f"; the central driver ~{statistics.median(central):.0f} MiB at every DP" if central else "")
+        )
+        out["model"] = {
+            "dps": dps,
+            "fixed_mib": fixed,
+            "per_batch_mib": per_batch,
+            "line": line,
+            "fragmentation": [min(extra), max(extra)],
+            "residual_mib": max(abs(fixed + per_batch / d - v) for d, v in zip(dps, peaks)),
+        }
     return out
 
 
 def report(results: dict, out: Path) -> str:
     summary, w = results["summary"], results["workload"]
     central = {r["dp"]: r for r in summary if r["variant"] == "central"}
-    lines = [f"# Controller memory: {w['prompts']} prompts x one {w['image_px']}x{w['image_px']} JPEG "
-             f"(mean {w['mean_file_bytes'] / 1024:.0f} KiB), G = {w['group_size']}, {w['response_tokens']}-token "
-             f"responses, {summary[0]['repeats']} run(s) each\n",
-             "Per controller (parallel: the largest rank; central: the driver), MiB above the process's idle size, "
-             "median over runs: peak anon = peak of RssAnon, sampled every 5 ms (the acceptance figure; its range "
-             "over runs in brackets); peak RSS = VmHWM after a reset; held = accounted bytes of images, pixels, ids "
-             "and rollouts at the step's end; after step / after trim = RssAnon once the step's data is dropped, "
-             "before and after malloc_trim.\n",
-             "| variant | DP | peak anon [range] | peak RSS | held | after step | after trim | images opened per "
-             "process | peak anon / central |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Controller memory: {w['prompts']} prompts x one {w['image_px']}x{w['image_px']} JPEG "
+        f"(mean {w['mean_file_bytes'] / 1024:.0f} KiB), G = {w['group_size']}, {w['response_tokens']}-token "
+        f"responses, {summary[0]['repeats']} run(s) each\n",
+        "Per controller (parallel: the largest rank; central: the driver), MiB above the process's idle size, "
+        "median over runs: peak anon = peak of RssAnon, sampled every 5 ms (the acceptance figure; its range "
+        "over runs in brackets); peak RSS = VmHWM after a reset; held = accounted bytes of images, pixels, ids "
+        "and rollouts at the step's end; after step / after trim = RssAnon once the step's data is dropped, "
+        "before and after malloc_trim.\n",
+        "| variant | DP | peak anon [range] | peak RSS | held | after step | after trim | images opened per "
+        "process | peak anon / central |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in summary:
         ratio = r["peak_anon_mib"] / central[r["dp"]]["peak_anon_mib"] if r["dp"] in central else float("nan")
         low, high = r["peak_anon_range_mib"]
-        lines.append(f"| {r['variant']} | {r['dp']} | {r['peak_anon_mib']:.0f} [{low:.0f}-{high:.0f}] | "
-                     f"{r['peak_rss_mib']:.0f} | {r['held_mib']:.0f} | {r['after_step_mib']:.0f} | "
-                     f"{r['after_trim_mib']:.0f} | {'/'.join(map(str, r['opened_files']))} | {ratio:.3f} |")
+        lines.append(
+            f"| {r['variant']} | {r['dp']} | {r['peak_anon_mib']:.0f} [{low:.0f}-{high:.0f}] | "
+            f"{r['peak_rss_mib']:.0f} | {r['held_mib']:.0f} | {r['after_step_mib']:.0f} | "
+            f"{r['after_trim_mib']:.0f} | {'/'.join(map(str, r['opened_files']))} | {ratio:.3f} |"
+        )
     lines.append("")
     if "dp2_ratio" in results:
-        lines.append(f"DP = 2: each controller's peak is {results['dp2_ratio']:.3f} of the central driver's "
-                     f"(acceptance <= {ACCEPT}: {'met' if results['accepted'] else 'missed'}); by VmHWM "
-                     f"{results['dp2_ratio_peak_rss']:.3f}, by held bytes {results['dp2_ratio_held']:.3f}; the worst "
-                     f"pairing of single runs (the controller's highest peak, the driver's lowest) "
-                     f"{results['dp2_ratio_worst']:.3f}.\n")
+        lines.append(
+            f"DP = 2: each controller's peak is {results['dp2_ratio']:.3f} of the central driver's "
+            f"(acceptance <= {ACCEPT}: {'met' if results['accepted'] else 'missed'}); by VmHWM "
+            f"{results['dp2_ratio_peak_rss']:.3f}, by held bytes {results['dp2_ratio_held']:.3f}; the worst "
+            f"pairing of single runs (the controller's highest peak, the driver's lowest) "
+            f"{results['dp2_ratio_worst']:.3f}.\n"
+        )
     if "model" in results:
         lines.append(f"Model: {results['model']['line']}.\n")
     text = "\n".join(lines)
@@ -410,19 +477,28 @@ def plot(results: dict, path: Path) -> None:
         dps = [r["dp"] for r in rows]
         label = "parallel: each controller" if variant == "parallel" else "central driver"
         peaks = [r["peak_anon_mib"] for r in rows]
-        spread = [[p - r["peak_anon_range_mib"][0] for p, r in zip(peaks, rows)],
-                  [r["peak_anon_range_mib"][1] - p for p, r in zip(peaks, rows)]]
-        ax.errorbar(dps, peaks, yerr=spread, fmt="o-", color=colour, capsize=4,
-                    label=f"{label}, peak anon RSS (median, range)")
+        spread = [
+            [p - r["peak_anon_range_mib"][0] for p, r in zip(peaks, rows)],
+            [r["peak_anon_range_mib"][1] - p for p, r in zip(peaks, rows)],
+        ]
+        ax.errorbar(
+            dps, peaks, yerr=spread, fmt="o-", color=colour, capsize=4, label=f"{label}, peak anon RSS (median, range)"
+        )
         ax.plot(dps, [r["held_mib"] for r in rows], "s--", color=colour, alpha=0.6, label=f"{label}, held (accounted)")
-        procs = [(r["dp"], p["peak_anon_mib"]) for r in results["runs"] if r["variant"] == variant
-                 for p in r["processes"]]  # every rank of every run: they are alike
+        procs = [
+            (r["dp"], p["peak_anon_mib"]) for r in results["runs"] if r["variant"] == variant for p in r["processes"]
+        ]  # every rank of every run: they are alike
         ax.scatter([d for d, _ in procs], [v for _, v in procs], color=colour, s=10, alpha=0.4)
     if "model" in results:
         m = results["model"]
         xs = [1 + i * 0.05 for i in range(int((max(m["dps"]) - 1) / 0.05) + 1)]
-        ax.plot(xs, [m["fixed_mib"] + m["per_batch_mib"] / x for x in xs], ":", color="black",
-                label=f"fit {m['fixed_mib']:.0f} + {m['per_batch_mib']:.0f} / DP MiB")
+        ax.plot(
+            xs,
+            [m["fixed_mib"] + m["per_batch_mib"] / x for x in xs],
+            ":",
+            color="black",
+            label=f"fit {m['fixed_mib']:.0f} + {m['per_batch_mib']:.0f} / DP MiB",
+        )
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({r["dp"] for r in results["summary"]}))
     from matplotlib.ticker import ScalarFormatter
@@ -444,32 +520,54 @@ def measure(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="yatt-controller-memory-") as tmp:
         work = Path(tmp)
         workload = write_workload(work / "data", args.prompts, args.image_size)
-        print(f"{args.prompts} images of {args.image_size}px, mean {workload['mean_file_bytes'] / 1024:.1f} KiB",
-              flush=True)
+        print(
+            f"{args.prompts} images of {args.image_size}px, mean {workload['mean_file_bytes'] / 1024:.1f} KiB",
+            flush=True,
+        )
         config = work / "experiment.json"
-        config.write_text(json.dumps(experiment(write_policy(work / "policy", args.image_size), work / "data",
-                                                args.prompts, args.group_size, args.response_tokens)))
+        config.write_text(
+            json.dumps(
+                experiment(
+                    write_policy(work / "policy", args.image_size),
+                    work / "data",
+                    args.prompts,
+                    args.group_size,
+                    args.response_tokens,
+                )
+            )
+        )
         runs = []
         for repeat in range(args.repeats):
             for dp in args.dp:
                 for variant in args.variants:  # one after the other, never at once
                     runs.append(summarize(variant, dp, repeat, run_variant(variant, dp, config, work), args.prompts))
                     r = runs[-1]
-                    print(f"run {repeat + 1}/{args.repeats}, {variant} DP={dp}: peak anon {r['peak_anon_mib']:.0f} "
-                          f"MiB, peak RSS {r['peak_rss_mib']:.0f} MiB, held {r['held_mib']:.0f} MiB per controller",
-                          flush=True)
-    return {"workload": {**workload, "prompts": args.prompts, "group_size": args.group_size,
-                         "response_tokens": args.response_tokens},
-            "measure": "peak anon RSS above idle (RssAnon sampled every 5 ms) for the ratio; also VmHWM after "
-                       "/proc/self/clear_refs minus idle VmRSS, and accounted held bytes",
-            "summary": aggregate(runs), "runs": runs, "wall_s": time.perf_counter() - start}
+                    print(
+                        f"run {repeat + 1}/{args.repeats}, {variant} DP={dp}: peak anon {r['peak_anon_mib']:.0f} "
+                        f"MiB, peak RSS {r['peak_rss_mib']:.0f} MiB, held {r['held_mib']:.0f} MiB per controller",
+                        flush=True,
+                    )
+    return {
+        "workload": {
+            **workload,
+            "prompts": args.prompts,
+            "group_size": args.group_size,
+            "response_tokens": args.response_tokens,
+        },
+        "measure": "peak anon RSS above idle (RssAnon sampled every 5 ms) for the ratio; also VmHWM after "
+        "/proc/self/clear_refs minus idle VmRSS, and accounted held bytes",
+        "summary": aggregate(runs),
+        "runs": runs,
+        "wall_s": time.perf_counter() - start,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=512, help="global batch: prompts per step, one image each")
-    parser.add_argument("--image-size", type=int, default=448, help=f"image side in pixels (a multiple of "
-                        f"{PATCH * SHUFFLE})")
+    parser.add_argument(
+        "--image-size", type=int, default=448, help=f"image side in pixels (a multiple of {PATCH * SHUFFLE})"
+    )
     parser.add_argument("--group-size", type=int, default=8, help="samples per prompt (G)")
     parser.add_argument("--response-tokens", type=int, default=256, help="tokens per stand-in response")
     parser.add_argument("--dp", type=int, nargs="+", default=[1, 2, 4], help="data-parallel sizes to run")

@@ -41,13 +41,22 @@ def add_worker_args(parser: argparse.ArgumentParser, *names: str) -> None:
         parser.add_argument(name, help=argparse.SUPPRESS)
 
 
-def run_worker(name: str, script: Path, worker_args: list[str], result: Path, code: Path,
-               nproc: int = 2) -> list[dict]:
+def run_worker(name: str, script: Path, worker_args: list[str], result: Path, code: Path, nproc: int = 2) -> list[dict]:
     """`script --worker --result <result> *worker_args` on `nproc` ranks under torchrun, one compute thread each,
     importing yatt from `code`; its output goes to <result>.log. Returns what each rank wrote to
     rank_result(result, rank), by rank."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), str(script.resolve()),
-           "--worker", "--result", str(result), *worker_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        str(script.resolve()),
+        "--worker",
+        "--result",
+        str(result),
+        *worker_args,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(code)}
     with open(f"{result}.log", "w") as log:
         rc = subprocess.run(cmd, cwd=code, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -67,8 +76,13 @@ def table(rows: list[dict], columns: list[tuple[str, str]], ratio_of: list[str])
     """A markdown table of `columns` (key, title), one line per row, and for each key in `ratio_of` the ratio
     of the row's value to the first row's (the reference)."""
     reference = rows[0]
-    head = "| variant | " + " | ".join(title for _, title in columns) + " | " + " | ".join(
-        f"{k} / {reference['variant']}" for k in ratio_of) + " |"
+    head = (
+        "| variant | "
+        + " | ".join(title for _, title in columns)
+        + " | "
+        + " | ".join(f"{k} / {reference['variant']}" for k in ratio_of)
+        + " |"
+    )
     lines = [head, "|" + "---|" * (1 + len(columns) + len(ratio_of))]
     for r in rows:
         cells = [cell(r[k]) for k, _ in columns]
@@ -82,6 +96,7 @@ def pyplot():
     benchmarks still write their tables and JSON without it."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:

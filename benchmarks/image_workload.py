@@ -51,8 +51,12 @@ def write_workload(folder: Path, prompts: int, size: int, seed: int = 0) -> dict
             textured_image(rng, size).save(folder / name, "JPEG", quality=90)
             sizes.append((folder / name).stat().st_size)
             f.write(json.dumps({"prompt": "<image>what is in the picture?", "answer": "a", "images": [name]}) + "\n")
-    return {"images": prompts, "image_px": size, "mean_file_bytes": sum(sizes) / len(sizes),
-            "total_file_bytes": sum(sizes)}
+    return {
+        "images": prompts,
+        "image_px": size,
+        "mean_file_bytes": sum(sizes) / len(sizes),
+        "total_file_bytes": sum(sizes),
+    }
 
 
 def write_policy(folder: Path, size: int) -> Path:
@@ -60,7 +64,6 @@ def write_policy(folder: Path, size: int) -> Path:
 
     if size % (PATCH * SHUFFLE):
         raise SystemExit(f"--image-size must be a multiple of {PATCH * SHUFFLE} (patch {PATCH} x shuffle {SHUFFLE})")
-    return write_tiny_vl_model(folder, TinyVLConfig(image_size=size, patch_size=PATCH, scale_factor=SHUFFLE,
-                                                    max_position_embeddings=512))
-
-
+    return write_tiny_vl_model(
+        folder, TinyVLConfig(image_size=size, patch_size=PATCH, scale_factor=SHUFFLE, max_position_embeddings=512)
+    )

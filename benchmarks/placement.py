@@ -29,9 +29,9 @@ from safetensors.torch import load_file, save_file
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
-
 from harness import pyplot  # noqa: E402  (benchmarks/ is on the path: this file runs as a script)
+
+from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 
 EOS = 2
 
@@ -39,8 +39,14 @@ EOS = 2
 def scaled_eos_model(folder: Path, seed: int, eos_scale: float, positions: int) -> Path:
     """A random tiny Qwen2 whose eos embedding row (tied to the output layer) is scaled: >1 makes eos
     likelier at some positions (long-tailed lengths), 0 makes it (almost) never come."""
-    cfg = TinyModelConfig(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-                          num_key_value_heads=2, max_position_embeddings=positions)
+    cfg = TinyModelConfig(
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=positions,
+    )
     write_tiny_model(folder, cfg, seed=seed)
     weights = load_file(folder / "model.safetensors")
     weights["model.embed_tokens.weight"][EOS] *= eos_scale
@@ -53,13 +59,16 @@ def long_tail_config(work: Path, steps: int) -> Path:
     # with HF sampling); the judge never stops early, so each verdict costs 12 decode steps.
     policy = scaled_eos_model(work / "policy", seed=11, eos_scale=10.0, positions=160)
     judge = scaled_eos_model(work / "judge", seed=12, eos_scale=0.0, positions=160)
-    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "addition"}
-            for a in range(100, 140) for b in range(100, 140)]
+    rows = [
+        {"prompt": f"{a}+{b}=", "answer": str(a + b), "data_source": "addition"}
+        for a in range(100, 140)
+        for b in range(100, 140)
+    ]
     (work / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = work / "long_tail.yaml"
     config.write_text(f"""
 model: {{path: {policy}}}
-data: {{train: {{kind: jsonl, files: [{work / 'train.jsonl'}]}}, prompts_per_step: 32, max_prompt_tokens: 8}}
+data: {{train: {{kind: jsonl, files: [{work / "train.jsonl"}]}}, prompts_per_step: 32, max_prompt_tokens: 8}}
 rollout: {{group_size: 8, max_new_tokens: 128, engine: {{max_num_seqs: 256, vllm: {{kv_cache_gib: 0.5}}}}}}
 reward:
   kind: genrm_with_rule
@@ -79,8 +88,21 @@ def run_mode(config: Path, mode: str, name: str, runs: Path, extra: list[str]) -
     """One 2-rank training run of `config` in placement `mode`, written under `runs`; its step records."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run_name = f"{name}-{mode}"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "launch/train.py"),
-           "--config", str(config), "--placement", mode, f"run.name={run_name}", f"run.output_dir={runs}", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        str(REPO / "launch/train.py"),
+        "--config",
+        str(config),
+        "--placement",
+        mode,
+        f"run.name={run_name}",
+        f"run.output_dir={runs}",
+        *extra,
+    ]
     print("$", " ".join(cmd[3:]), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     if proc.returncode:
@@ -110,19 +132,25 @@ def summarize(records: list[dict]) -> dict:
 
 
 def table(results: dict) -> str:
-    lines = ["| workload | mode | step s | generation s | rollout phase s | judge tail s | device idle | reward |"
-             " resp len mean/max | rollout / judge busy s |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| workload | mode | step s | generation s | rollout phase s | judge tail s | device idle | reward |"
+        " resp len mean/max | rollout / judge busy s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for workload, modes in results.items():
         for mode, s in modes.items():
-            lines.append(f"| {workload} | {mode} | {s['step_s']:.2f} | {s['generation_s']:.2f} | "
-                         f"{s['rollout_phase_s']:.2f} | {s['judge_tail_s']:.2f} | {s['idle_frac']:.2f} | "
-                         f"{s['reward']:.3f} | {s['response_len_mean']:.1f}/{s['response_len_max']:.0f} | "
-                         f"{s['rollout_busy_s']:.2f} / {s['genrm_busy_s']:.2f} |")
+            lines.append(
+                f"| {workload} | {mode} | {s['step_s']:.2f} | {s['generation_s']:.2f} | "
+                f"{s['rollout_phase_s']:.2f} | {s['judge_tail_s']:.2f} | {s['idle_frac']:.2f} | "
+                f"{s['reward']:.3f} | {s['response_len_mean']:.1f}/{s['response_len_max']:.0f} | "
+                f"{s['rollout_busy_s']:.2f} / {s['genrm_busy_s']:.2f} |"
+            )
         if {"full", "partial"} <= set(modes):
             ratio = modes["partial"]["generation_s"] / modes["full"]["generation_s"]
-            lines.append(f"| {workload} | partial/full | {modes['partial']['step_s'] / modes['full']['step_s']:.2f} "
-                         f"| {ratio:.2f} | | | | | | |")
+            lines.append(
+                f"| {workload} | partial/full | {modes['partial']['step_s'] / modes['full']['step_s']:.2f} "
+                f"| {ratio:.2f} | | | | | | |"
+            )
     return "\n".join(lines)
 
 
@@ -132,8 +160,9 @@ def plot(results: dict, path: Path) -> None:
         return
     fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
     names = list(results)
-    for ax, key, title in zip(axes, ("step_s", "generation_s", "idle_frac"),
-                              ("step time (s)", "generation phase (s)", "device idle fraction")):
+    for ax, key, title in zip(
+        axes, ("step_s", "generation_s", "idle_frac"), ("step time (s)", "generation phase (s)", "device idle fraction")
+    ):
         for i, mode in enumerate(("full", "partial")):
             values = [results[w].get(mode, {}).get(key, 0.0) for w in names]
             ax.bar([x + 0.38 * i for x in range(len(names))], values, width=0.38, label=mode)
@@ -158,13 +187,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="yatt-placement-") as tmp:
         config = long_tail_config(Path(tmp), args.steps)
         runs = Path(tmp) / "runs"
-        results["long_tail"] = {mode: summarize(run_mode(config, mode, "long_tail", runs, []))
-                                for mode in ("full", "partial")}
+        results["long_tail"] = {
+            mode: summarize(run_mode(config, mode, "long_tail", runs, [])) for mode in ("full", "partial")
+        }
         quick = REPO / "configs/quickstart_genrm.yaml"
         if not args.skip_quickstart and (REPO / "models/quickstart-judge").is_dir():
             extra = [f"run.steps={args.steps}", "run.eval_every=0", "run.export_policy=false"]
-            results["quickstart"] = {mode: summarize(run_mode(quick, mode, "quickstart", runs, extra))
-                                     for mode in ("full", "partial")}
+            results["quickstart"] = {
+                mode: summarize(run_mode(quick, mode, "quickstart", runs, extra)) for mode in ("full", "partial")
+            }
     text = table(results)
     print(text)
     Path(f"{out}.md").write_text(text + "\n")

@@ -85,6 +85,7 @@ class PeakRss:
 
     def _run(self) -> None:
         import psutil
+
         while not self._stop.wait(0.25):
             try:
                 children = psutil.Process(self.root).children()
@@ -103,16 +104,37 @@ class PeakRss:
         return sorted(k / 2**20 for k in self.peak_kib.values())  # GiB per rank
 
 
-def run_quickstart(name: str, config: Path, trainer: dict, algo: dict, steps: int, work: Path,
-                   other: list[str]) -> dict:
+def run_quickstart(
+    name: str, config: Path, trainer: dict, algo: dict, steps: int, work: Path, other: list[str]
+) -> dict:
     run_name = slug(name)
     # dynamic sampling off: every variant trains the same samples per step, so the step times compare the same work
-    overrides = [f"run.steps={steps}", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
-                 f"run.output_dir={work}", f"run.name={run_name}", "algorithm.dynamic_sampling.enabled=false"]
+    overrides = [
+        f"run.steps={steps}",
+        "run.eval_every=0",
+        "checkpoint.every=0",
+        "run.export_policy=false",
+        f"run.output_dir={work}",
+        f"run.name={run_name}",
+        "algorithm.dynamic_sampling.enabled=false",
+    ]
     overrides += [f"trainer.{k}={json.dumps(v)}" for k, v in trainer.items()]
     overrides += [f"algorithm.{k}={v}" for k, v in algo.items()] + list(other)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "launch/train.py",
-           "--config", str(config.resolve()), "--placement", "full", "--resume", "none", *overrides]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "launch/train.py",
+        "--config",
+        str(config.resolve()),
+        "--placement",
+        "full",
+        "--resume",
+        "none",
+        *overrides,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
     with open(work / f"{name}.log", "w") as log:
@@ -129,13 +151,20 @@ def run_quickstart(name: str, config: Path, trainer: dict, algo: dict, steps: in
     def median(key: str) -> float:
         return statistics.median(r.get(key, 0.0) for r in steps_)
 
-    return {"variant": name, "step_s": median("time/step_s"),
-            **{f"{s}_s": median(f"time/{s}_s") for s in STAGES},
-            "lp_diff_mean": median("rollout/trainer_logprob_diff_mean"), "reward_last": steps_[-1]["reward/mean"],
-            "peak_rss_gib": peaks, "wall_s": time.perf_counter() - start, "steps": len(steps_)}
+    return {
+        "variant": name,
+        "step_s": median("time/step_s"),
+        **{f"{s}_s": median(f"time/{s}_s") for s in STAGES},
+        "lp_diff_mean": median("rollout/trainer_logprob_diff_mean"),
+        "reward_last": steps_[-1]["reward/mean"],
+        "peak_rss_gib": peaks,
+        "wall_s": time.perf_counter() - start,
+        "steps": len(steps_),
+    }
 
 
 # ---- the 100M trainer workload: this file is also the worker, under torchrun --------------------
+
 
 def smollm2_shaped(folder: Path) -> Path:
     """A random-weight Llama with SmolLM2-135M's shape (what the 100m workload trains when no --model)."""
@@ -143,10 +172,21 @@ def smollm2_shaped(folder: Path) -> Path:
         return folder
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49_152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
-                         rope_theta=100_000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        rope_theta=100_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
 
@@ -168,8 +208,11 @@ def trainer_worker(args: argparse.Namespace) -> None:
     rng = random.Random(1000 + world.rank)
     vocab = trainer.hf_config.vocab_size
     # an RL batch: GROUP samples of each prompt, as consecutive rows (2 prompts x 8 samples per rank)
-    prompts = [p for p in ([rng.randrange(3, vocab) for _ in range(rng.randint(32, 96))] for _ in range(16 // GROUP))
-               for _ in range(GROUP)]
+    prompts = [
+        p
+        for p in ([rng.randrange(3, vocab) for _ in range(rng.randint(32, 96))] for _ in range(16 // GROUP))
+        for _ in range(GROUP)
+    ]
     responses = [[rng.randrange(3, vocab) for _ in range(rng.randint(64, 128))] for _ in range(16)]
     batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
     batch.extras["advantages"] = torch.tensor([rng.uniform(-1, 1) for _ in prompts])
@@ -191,27 +234,49 @@ def trainer_worker(args: argparse.Namespace) -> None:
         end = time.perf_counter()
         if step:  # step 0 warms up
             times.append((middle - start, end - middle))
-    out = {"rank": world.rank, "logprobs_s": statistics.mean(t[0] for t in times),
-           "update_s": statistics.mean(t[1] for t in times),
-           "peak_trainer_gib": (vm_kib(os.getpid(), "VmHWM") - rss_before) / 2**20,
-           "peak_rss_gib": vm_kib(os.getpid(), "VmHWM") / 2**20}
+    out = {
+        "rank": world.rank,
+        "logprobs_s": statistics.mean(t[0] for t in times),
+        "update_s": statistics.mean(t[1] for t in times),
+        "peak_trainer_gib": (vm_kib(os.getpid(), "VmHWM") - rss_before) / 2**20,
+        "peak_rss_gib": vm_kib(os.getpid(), "VmHWM") / 2**20,
+    }
     rank_result(args.result, world.rank).write_text(json.dumps(out))
     torch.save(probe, rank_result(args.result, world.rank, ".pt"))
 
 
 def run_trainer(name: str, trainer: dict, algo: dict, model: Path, steps: int, work: Path) -> dict:
     import torch
+
     result = work / slug(name)
     start = time.perf_counter()
-    ranks = run_worker(name, Path(__file__), ["--model", str(model), "--trainer", json.dumps(trainer), "--algo",
-                                              json.dumps(algo), "--trainer-steps", str(steps)], result, REPO)
+    ranks = run_worker(
+        name,
+        Path(__file__),
+        [
+            "--model",
+            str(model),
+            "--trainer",
+            json.dumps(trainer),
+            "--algo",
+            json.dumps(algo),
+            "--trainer-steps",
+            str(steps),
+        ],
+        result,
+        REPO,
+    )
     probes = [torch.load(rank_result(result, r, ".pt")) for r in range(2)]
-    return {"variant": name, "logprobs_s": max(r["logprobs_s"] for r in ranks),
-            "update_s": max(r["update_s"] for r in ranks),
-            "trainer_s": max(r["logprobs_s"] + r["update_s"] for r in ranks),
-            "peak_trainer_gib": max(r["peak_trainer_gib"] for r in ranks),
-            "peak_rss_gib": max(r["peak_rss_gib"] for r in ranks), "wall_s": time.perf_counter() - start,
-            "_probes": probes}
+    return {
+        "variant": name,
+        "logprobs_s": max(r["logprobs_s"] for r in ranks),
+        "update_s": max(r["update_s"] for r in ranks),
+        "trainer_s": max(r["logprobs_s"] + r["update_s"] for r in ranks),
+        "peak_trainer_gib": max(r["peak_trainer_gib"] for r in ranks),
+        "peak_rss_gib": max(r["peak_rss_gib"] for r in ranks),
+        "wall_s": time.perf_counter() - start,
+        "_probes": probes,
+    }
 
 
 def chosen(variants: dict, names: list[str] | None) -> dict:
@@ -224,6 +289,7 @@ def chosen(variants: dict, names: list[str] | None) -> dict:
 
 
 # ---- report ----------------------------------------------------------------------------------
+
 
 def plot(results: dict, path: Path) -> None:
     plt = pyplot()
@@ -251,15 +317,32 @@ def plot(results: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", choices=("quickstart", "100m", "all"), default="all")
-    parser.add_argument("--steps", type=int, default=40, help=f"quickstart: RL steps per variant (the first "
-                        f"{WARMUP_STEPS} are left out)")
-    parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml", help="quickstart: the "
-                        "experiment each variant trains")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=40,
+        help=f"quickstart: RL steps per variant (the first {WARMUP_STEPS} are left out)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=REPO / "configs/quickstart.yaml",
+        help="quickstart: the experiment each variant trains",
+    )
     parser.add_argument("--trainer-steps", type=int, default=2, help="100m: timed trainer steps per variant")
-    parser.add_argument("--model", type=Path, default=None, help="100m: a Hugging Face folder instead of the "
-                        "random SmolLM2-shaped model")
-    parser.add_argument("--variants", nargs="*", default=None, help=f"only these variants (names as in the "
-                        f"tables; {REFERENCE!r} is always run: ratios and drift are relative to it)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="100m: a Hugging Face folder instead of the random SmolLM2-shaped model",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=None,
+        help=f"only these variants (names as in the "
+        f"tables; {REFERENCE!r} is always run: ratios and drift are relative to it)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_time")
     add_worker_args(parser, "--trainer", "--algo")
     args = parser.parse_args()
@@ -278,8 +361,11 @@ def main() -> int:
             for name, (trainer, algo, other) in chosen(QUICKSTART, args.variants).items():
                 print(f"quickstart / {name} ...", flush=True)
                 rows.append(run_quickstart(name, args.config, trainer, algo, args.steps, work, other))
-                print(f"  step {rows[-1]['step_s']:.3f} s  (logprobs {rows[-1]['logprobs_s']:.3f}, update "
-                      f"{rows[-1]['update_s']:.3f}, generate {rows[-1]['generate_s']:.3f})", flush=True)
+                print(
+                    f"  step {rows[-1]['step_s']:.3f} s  (logprobs {rows[-1]['logprobs_s']:.3f}, update "
+                    f"{rows[-1]['update_s']:.3f}, generate {rows[-1]['generate_s']:.3f})",
+                    flush=True,
+                )
             results["quickstart"] = rows
         if args.workload in ("100m", "all"):
             model = args.model or smollm2_shaped(REPO / "models/bench-smollm2-shape")
@@ -287,8 +373,11 @@ def main() -> int:
             for name, (trainer, algo) in chosen(TRAINER_100M, args.variants).items():
                 print(f"100m trainer / {name} ...", flush=True)
                 rows.append(run_trainer(name, trainer, algo, model, args.trainer_steps, work))
-                print(f"  trainer {rows[-1]['trainer_s']:.2f} s/step, peak trainer memory "
-                      f"{rows[-1]['peak_trainer_gib']:.2f} GiB", flush=True)
+                print(
+                    f"  trainer {rows[-1]['trainer_s']:.2f} s/step, peak trainer memory "
+                    f"{rows[-1]['peak_trainer_gib']:.2f} GiB",
+                    flush=True,
+                )
             reference = next(r["_probes"] for r in rows if r["variant"] == REFERENCE)
             for r in rows:
                 r["logprob_drift_max"] = max(float((p - q).abs().max()) for p, q in zip(r.pop("_probes"), reference))
@@ -297,15 +386,39 @@ def main() -> int:
     Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
     md = ["# Step time: every efficiency option off, each one on, and all of them\n"]
     if "quickstart" in results:
-        md += [f"## {shown(args.config)} (2 ranks, median of steps {WARMUP_STEPS + 1}-{args.steps})\n", table(
-            results["quickstart"], [("step_s", "step s"), ("generate_s", "generate"), ("logprobs_s", "logprobs"),
-                                    ("update_s", "update"), ("sync_s", "sync"), ("balance_s", "balance"),
-                                    ("lp_diff_mean", "rollout-trainer |dlogp|")], ["step_s"]), ""]
+        md += [
+            f"## {shown(args.config)} (2 ranks, median of steps {WARMUP_STEPS + 1}-{args.steps})\n",
+            table(
+                results["quickstart"],
+                [
+                    ("step_s", "step s"),
+                    ("generate_s", "generate"),
+                    ("logprobs_s", "logprobs"),
+                    ("update_s", "update"),
+                    ("sync_s", "sync"),
+                    ("balance_s", "balance"),
+                    ("lp_diff_mean", "rollout-trainer |dlogp|"),
+                ],
+                ["step_s"],
+            ),
+            "",
+        ]
     if "100m" in results:
-        md += ["## 100M-class trainer (2 ranks, 32 samples, responses 64-128 tokens)\n", table(
-            results["100m"], [("logprobs_s", "logprobs s"), ("update_s", "update s"), ("trainer_s", "trainer s"),
-                              ("peak_trainer_gib", "peak trainer GiB"), ("logprob_drift_max", "max |dlogp| vs fp32")],
-            ["trainer_s", "peak_trainer_gib"]), ""]
+        md += [
+            "## 100M-class trainer (2 ranks, 32 samples, responses 64-128 tokens)\n",
+            table(
+                results["100m"],
+                [
+                    ("logprobs_s", "logprobs s"),
+                    ("update_s", "update s"),
+                    ("trainer_s", "trainer s"),
+                    ("peak_trainer_gib", "peak trainer GiB"),
+                    ("logprob_drift_max", "max |dlogp| vs fp32"),
+                ],
+                ["trainer_s", "peak_trainer_gib"],
+            ),
+            "",
+        ]
     Path(f"{args.out}.md").write_text("\n".join(md))
     plot(results, Path(f"{args.out}.png"))
     print("\n".join(md))

@@ -71,10 +71,19 @@ def write_model(folder: Path, args: argparse.Namespace) -> int:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                         num_key_value_heads=args.kv_heads, max_position_embeddings=2048, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = Qwen2Config(
+        vocab_size=args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
@@ -118,10 +127,18 @@ class StateMeter:
         import torch
 
         params = list(self.module.parameters())
-        groups = {"params": params,
-                  "grads": [g for p in params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None],
-                  "optimizer": [t for opt in self.optimizers for group in opt.param_groups for p in group["params"]
-                                for t in (p, p.grad, *opt.state.get(p, {}).values()) if torch.is_tensor(t)]}
+        groups = {
+            "params": params,
+            "grads": [g for p in params for g in (p.grad, getattr(p, "main_grad", None)) if g is not None],
+            "optimizer": [
+                t
+                for opt in self.optimizers
+                for group in opt.param_groups
+                for p in group["params"]
+                for t in (p, p.grad, *opt.state.get(p, {}).values())
+                if torch.is_tensor(t)
+            ],
+        }
         seen: set[int] = set()  # storages already counted: a view adds nothing to the buffer it lives in
         held = {}
         for kind, tensors in groups.items():
@@ -168,29 +185,58 @@ def worker(args: argparse.Namespace) -> None:
         if step:  # step 0 warms up
             times.append((middle - start, end - middle))
         else:
-            first = {"grad_norm": stats["grad_norm"], "logprobs": {
-                r: batch.extras["old_logprobs"][i][batch.mask[i].bool()].tolist() for i, r in enumerate(rows)}}
-    out = {"rank": world.rank, "logprobs_s": statistics.mean(t[0] for t in times),
-           "update_s": statistics.mean(t[1] for t in times), "state_bytes": meter.peak,
-           "peak_rss_gib": vm_kib(os.getpid(), "VmHWM") / 2**20, **first}
+            first = {
+                "grad_norm": stats["grad_norm"],
+                "logprobs": {
+                    r: batch.extras["old_logprobs"][i][batch.mask[i].bool()].tolist() for i, r in enumerate(rows)
+                },
+            }
+    out = {
+        "rank": world.rank,
+        "logprobs_s": statistics.mean(t[0] for t in times),
+        "update_s": statistics.mean(t[1] for t in times),
+        "state_bytes": meter.peak,
+        "peak_rss_gib": vm_kib(os.getpid(), "VmHWM") / 2**20,
+        **first,
+    }
     rank_result(args.result, world.rank).write_text(json.dumps(out))
 
 
 def run_variant(name: str, settings: dict, model: Path, args: argparse.Namespace, work: Path) -> dict:
     start = time.perf_counter()
-    ranks = run_worker(name, Path(__file__), ["--model", str(model), "--trainer", json.dumps(settings),
-                                              "--steps", str(args.steps), "--samples", str(args.samples),
-                                              "--dtype", args.dtype], work / slug(name), REPO)
+    ranks = run_worker(
+        name,
+        Path(__file__),
+        [
+            "--model",
+            str(model),
+            "--trainer",
+            json.dumps(settings),
+            "--steps",
+            str(args.steps),
+            "--samples",
+            str(args.samples),
+            "--dtype",
+            args.dtype,
+        ],
+        work / slug(name),
+        REPO,
+    )
     logprobs = {int(r): v for rank in ranks for r, v in rank["logprobs"].items()}
-    return {"variant": name, "logprobs_s": max(r["logprobs_s"] for r in ranks),
-            "update_s": max(r["update_s"] for r in ranks),
-            "step_s": max(r["logprobs_s"] + r["update_s"] for r in ranks),
-            "state_mib": max(r["state_bytes"]["total"] for r in ranks) / MIB,
-            "state_mib_per_rank": [r["state_bytes"]["total"] / MIB for r in ranks],
-            "state_bytes_per_rank": [r["state_bytes"] for r in ranks],
-            "peak_rss_gib": max(r["peak_rss_gib"] for r in ranks),
-            "peak_rss_gib_per_rank": [r["peak_rss_gib"] for r in ranks],
-            "grad_norm_first": ranks[0]["grad_norm"], "wall_s": time.perf_counter() - start, "_logprobs": logprobs}
+    return {
+        "variant": name,
+        "logprobs_s": max(r["logprobs_s"] for r in ranks),
+        "update_s": max(r["update_s"] for r in ranks),
+        "step_s": max(r["logprobs_s"] + r["update_s"] for r in ranks),
+        "state_mib": max(r["state_bytes"]["total"] for r in ranks) / MIB,
+        "state_mib_per_rank": [r["state_bytes"]["total"] / MIB for r in ranks],
+        "state_bytes_per_rank": [r["state_bytes"] for r in ranks],
+        "peak_rss_gib": max(r["peak_rss_gib"] for r in ranks),
+        "peak_rss_gib_per_rank": [r["peak_rss_gib"] for r in ranks],
+        "grad_norm_first": ranks[0]["grad_norm"],
+        "wall_s": time.perf_counter() - start,
+        "_logprobs": logprobs,
+    }
 
 
 def agreement(rows: list[dict]) -> None:
@@ -212,8 +258,13 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=32, help="samples per step, over all ranks")
     parser.add_argument("--steps", type=int, default=3, help="timed steps per variant (after one warm-up)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="trainer.dtype")
-    parser.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS),
-                        help="the first is the reference of ratios and agreement")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        choices=list(VARIANTS),
+        default=list(VARIANTS),
+        help="the first is the reference of ratios and agreement",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/trainers")
     add_worker_args(parser, "--model", "--trainer")
     args = parser.parse_args()
@@ -234,24 +285,41 @@ def main() -> int:
         for name in args.variants:
             print(f"{name} ...", flush=True)
             rows.append(run_variant(name, VARIANTS[name], work / "model", args, work))
-            print(f"  step {rows[-1]['step_s']:.2f} s, state {rows[-1]['state_mib']:.1f} MiB/rank, "
-                  f"peak RSS {rows[-1]['peak_rss_gib']:.2f} GiB/rank", flush=True)
+            print(
+                f"  step {rows[-1]['step_s']:.2f} s, state {rows[-1]['state_mib']:.1f} MiB/rank, "
+                f"peak RSS {rows[-1]['peak_rss_gib']:.2f} GiB/rank",
+                flush=True,
+            )
     agreement(rows)
     results["variants"] = rows
-    md = [f"# Trainer backends: {results['params'] / 1e6:.1f}M-parameter Qwen2, 2 CPU ranks (gloo), "
-          f"{args.samples} samples per step, {args.dtype}\n",
-          table(rows, [("logprobs_s", "logprobs s"), ("update_s", "update s"), ("step_s", "step s"),
-                       ("state_mib", "state MiB/rank"), ("peak_rss_gib", "peak RSS GiB/rank"),
-                       ("grad_norm_first", "grad norm 1st"), ("logprob_diff_max", "max |dlogp|")],
-                ["step_s", "state_mib"]), ""]
+    md = [
+        f"# Trainer backends: {results['params'] / 1e6:.1f}M-parameter Qwen2, 2 CPU ranks (gloo), "
+        f"{args.samples} samples per step, {args.dtype}\n",
+        table(
+            rows,
+            [
+                ("logprobs_s", "logprobs s"),
+                ("update_s", "update s"),
+                ("step_s", "step s"),
+                ("state_mib", "state MiB/rank"),
+                ("peak_rss_gib", "peak RSS GiB/rank"),
+                ("grad_norm_first", "grad norm 1st"),
+                ("logprob_diff_max", "max |dlogp|"),
+            ],
+            ["step_s", "state_mib"],
+        ),
+        "",
+    ]
     ok = True
     by_name = {r["variant"]: r for r in rows}
     if {"torch", "megatron TP=2"} <= set(by_name):
         ratio = by_name["megatron TP=2"]["state_mib"] / by_name["torch"]["state_mib"]
         ok = ratio <= TP_STATE_BAR
         results["tp2_state_ratio"] = ratio
-        md.append(f"TP=2 / torch per-rank state (params + grads + optimizer): {ratio:.3f} "
-                  f"(acceptance <= {TP_STATE_BAR}: {'pass' if ok else 'FAIL'})\n")
+        md.append(
+            f"TP=2 / torch per-rank state (params + grads + optimizer): {ratio:.3f} "
+            f"(acceptance <= {TP_STATE_BAR}: {'pass' if ok else 'FAIL'})\n"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
     Path(f"{args.out}.md").write_text("\n".join(md))

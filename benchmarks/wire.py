@@ -82,8 +82,9 @@ def attack(endpoint: str, attackers: int, total_mb: float, seconds: float, repea
     sent, cpu = mp.Value("d", 0.0), mp.Value("d", 0.0)
     per = int(total_mb * 1e6 / attackers)
     stop_at = time.time() + seconds
-    procs = [mp.Process(target=attacker, args=(host, int(port), per, stop_at, sent, cpu, repeat))
-             for _ in range(attackers)]
+    procs = [
+        mp.Process(target=attacker, args=(host, int(port), per, stop_at, sent, cpu, repeat)) for _ in range(attackers)
+    ]
     for p in procs:
         p.start()
     return procs, sent, cpu
@@ -121,8 +122,9 @@ def main() -> int:
     parser.add_argument("--attackers", type=int, default=6)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--model", default="models/quickstart-policy", help="the engine's policy (missing: a random "
-                        "tiny one)")
+    parser.add_argument(
+        "--model", default="models/quickstart-policy", help="the engine's policy (missing: a random tiny one)"
+    )
     parser.add_argument("--out", default="benchmarks/results/wire.json")
     args = parser.parse_args()
 
@@ -132,6 +134,7 @@ def main() -> int:
         model = Path(args.model)
         if not model.exists():
             from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
             model = write_tiny_model(Path(tmp) / "m", TinyModelConfig(max_position_embeddings=96), seed=0)
         engine = spawn_engine(model, cfg, seed=0, log_path=Path(tmp) / "engine.log", secret=new_secret())
         try:
@@ -149,9 +152,12 @@ def main() -> int:
             c1, quiet = cpu_seconds(engine.pid), min(junk_wall, 5.0)
             time.sleep(quiet)  # the engine's own idle polling over the same wall time
             idle_cpu = (cpu_seconds(engine.pid) - c1) / quiet * junk_wall
-            print(f"junk: {junk_sent / 1e6:.0f} MB of empty frames from {args.attackers} keyless senders in "
-                  f"{junk_wall:.1f} s cost the engine {junk_cpu:.2f} s CPU (idle polling alone: {idle_cpu:.2f} s; "
-                  f"the senders: {junk_sender_cpu:.2f} s)", flush=True)
+            print(
+                f"junk: {junk_sent / 1e6:.0f} MB of empty frames from {args.attackers} keyless senders in "
+                f"{junk_wall:.1f} s cost the engine {junk_cpu:.2f} s CPU (idle polling alone: {idle_cpu:.2f} s; "
+                f"the senders: {junk_sender_cpu:.2f} s)",
+                flush=True,
+            )
 
             procs, _, _ = attack(engine.endpoint, args.attackers, args.junk_mb, 3600, repeat=True)
             time.sleep(0.5)
@@ -165,17 +171,28 @@ def main() -> int:
     bulk = bulk_throughput()
     ratio = statistics.median(loaded) / statistics.median(idle)
     result = {
-        "junk_mb": junk_sent / 1e6, "attackers": args.attackers, "junk_sender_cpu_s": junk_sender_cpu,
-        "junk_engine_cpu_s": junk_cpu, "junk_wall_s": junk_wall, "engine_idle_cpu_s_same_wall": idle_cpu,
-        "honest_idle_median_s": statistics.median(idle), "honest_loaded_median_s": statistics.median(loaded),
-        "honest_latency_ratio": ratio, "rpc_stats": stats,
-        "bulk_plain_mb_s": bulk["plain"], "bulk_curve_mb_s": bulk["curve"],
+        "junk_mb": junk_sent / 1e6,
+        "attackers": args.attackers,
+        "junk_sender_cpu_s": junk_sender_cpu,
+        "junk_engine_cpu_s": junk_cpu,
+        "junk_wall_s": junk_wall,
+        "engine_idle_cpu_s_same_wall": idle_cpu,
+        "honest_idle_median_s": statistics.median(idle),
+        "honest_loaded_median_s": statistics.median(loaded),
+        "honest_latency_ratio": ratio,
+        "rpc_stats": stats,
+        "bulk_plain_mb_s": bulk["plain"],
+        "bulk_curve_mb_s": bulk["curve"],
         "bulk_curve_over_plain": bulk["curve"] / bulk["plain"],
     }
-    print(f"under load: honest generate median {result['honest_loaded_median_s'] * 1e3:.1f} ms = {ratio:.2f}x idle; "
-          f"engine stats {stats}")
-    print(f"bulk 64 MB: plain {bulk['plain']:.0f} MB/s, curve {bulk['curve']:.0f} MB/s "
-          f"({result['bulk_curve_over_plain']:.2f}x)")
+    print(
+        f"under load: honest generate median {result['honest_loaded_median_s'] * 1e3:.1f} ms = {ratio:.2f}x idle; "
+        f"engine stats {stats}"
+    )
+    print(
+        f"bulk 64 MB: plain {bulk['plain']:.0f} MB/s, curve {bulk['curve']:.0f} MB/s "
+        f"({result['bulk_curve_over_plain']:.2f}x)"
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

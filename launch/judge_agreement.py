@@ -27,7 +27,8 @@ from yatt.engines.base import SamplingSpec  # noqa: E402
 from yatt.engines.client import spawn_engine  # noqa: E402
 from yatt.engines.pool import EnginePool  # noqa: E402
 from yatt.genrm.judge import Judge  # noqa: E402
-from yatt.rewards.rules import score as rule_score, use_verifiers  # noqa: E402
+from yatt.rewards.rules import score as rule_score  # noqa: E402
+from yatt.rewards.rules import use_verifiers
 
 
 def measure(config: str, samples: int, seed: int = 0) -> dict:
@@ -38,27 +39,41 @@ def measure(config: str, samples: int, seed: int = 0) -> dict:
     rows = load_shard(cfg.data.eval, 0, 1, limit=cfg.data.eval_prompts)
     use_verifiers(cfg.reward.verifiers, rows)  # the config's own verifiers score the rows too
     logs = Path(tempfile.mkdtemp(prefix="yatt-agreement-"))
-    sampling = SamplingSpec(n=samples, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                            max_tokens=cfg.rollout.max_new_tokens, stop_token_ids=[tokenizer.eos_token_id],
-                            logprobs=False)
+    sampling = SamplingSpec(
+        n=samples,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        max_tokens=cfg.rollout.max_new_tokens,
+        stop_token_ids=[tokenizer.eos_token_id],
+        logprobs=False,
+    )
     with spawn_engine(str(cfg.model.path), cfg.rollout.engine, seed, logs / "policy.log") as policy:
         prompt_ids = encode_prompts(rows, tokenizer, cfg.data.max_prompt_tokens)
-        rollouts = generate_rollouts(EnginePool({"policy": policy}), rows, prompt_ids, sampling, tokenizer,
-                                     [seed * 1_000_003 + i * samples for i in range(len(rows))])
+        rollouts = generate_rollouts(
+            EnginePool({"policy": policy}),
+            rows,
+            prompt_ids,
+            sampling,
+            tokenizer,
+            [seed * 1_000_003 + i * samples for i in range(len(rows))],
+        )
     rule = [rule_score(r.text, r.row) >= 1.0 for r in rollouts]
     report = {"config": config, "responses": len(rollouts), "rule_correct_frac": sum(rule) / len(rule), "judges": {}}
     for jcfg in cfg.reward.judges:
         judge = Judge(jcfg)
         with spawn_engine(str(jcfg.model), jcfg.engine, seed, logs / f"{jcfg.name}.log") as engine:
-            outs = engine.generate([judge.prompt_ids(r.row.question(), r.row.answer, r.text) for r in rollouts],
-                                   judge.sampling)
+            outs = engine.generate(
+                [judge.prompt_ids(r.row.question(), r.row.answer, r.text) for r in rollouts], judge.sampling
+            )
         verdicts = [judge.score(c) for c in outs]
         said_yes = [v.score > jcfg.verdict.pass_threshold for v in verdicts]
         pairs = list(zip(rule, said_yes))
         report["judges"][jcfg.name] = {
             "agreement": sum(a == b for a, b in pairs) / len(pairs),
-            "true_yes": sum(a and b for a, b in pairs), "true_no": sum(not a and not b for a, b in pairs),
-            "false_yes": sum(not a and b for a, b in pairs), "false_no": sum(a and not b for a, b in pairs),
+            "true_yes": sum(a and b for a, b in pairs),
+            "true_no": sum(not a and not b for a, b in pairs),
+            "false_yes": sum(not a and b for a, b in pairs),
+            "false_no": sum(a and not b for a, b in pairs),
             "unparseable": sum(v.unparseable for v in verdicts),
         }
     return report
@@ -75,8 +90,10 @@ def main() -> None:
     report = measure(args.config, args.samples, args.seed)
     print(f"{report['responses']} responses, rule says {report['rule_correct_frac']:.3f} correct")
     for name, r in report["judges"].items():
-        print(f"judge {name}: agreement {r['agreement']:.4f}  (yes/yes {r['true_yes']}, no/no {r['true_no']}, "
-              f"judge yes/rule no {r['false_yes']}, judge no/rule yes {r['false_no']}, unreadable {r['unparseable']})")
+        print(
+            f"judge {name}: agreement {r['agreement']:.4f}  (yes/yes {r['true_yes']}, no/no {r['true_no']}, "
+            f"judge yes/rule no {r['false_yes']}, judge no/rule yes {r['false_no']}, unreadable {r['unparseable']})"
+        )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -94,7 +94,9 @@ def render_section(model: type[BaseModel], key: str, out: list[str], seen: dict[
     nested = []
     for name, field in model.model_fields.items():
         models = _models(field.annotation)
-        out.append(f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {_one_line(field.description)} |")
+        out.append(
+            f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {_one_line(field.description)} |"
+        )
         for sub in models:
             kind = sub.model_fields.get("kind")
             suffix = ""

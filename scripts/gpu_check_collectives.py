@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from torch.distributed.distributed_c10d import BackendConfig, Backend  # noqa: E402
+from torch.distributed.distributed_c10d import Backend, BackendConfig  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from yatt.distributed import backend_for, close_world, init_world  # noqa: E402
@@ -29,8 +29,10 @@ from yatt.engines.config import EngineConfig  # noqa: E402
 def run_checks() -> dict[str, bool]:
     world = init_world(timeout_s=120)
     r, n, cuda = world.rank, world.size, world.device.type == "cuda"
-    checks = {"group exists under torchrun": dist.is_initialized() and world.grouped,
-              "backends as chosen": str(dist.get_backend_config()) == str(BackendConfig(Backend(backend_for(cuda))))}
+    checks = {
+        "group exists under torchrun": dist.is_initialized() and world.grouped,
+        "backends as chosen": str(dist.get_backend_config()) == str(BackendConfig(Backend(backend_for(cuda)))),
+    }
     checks["sum"] = world.sum([1.0, float(r)]) == [float(n), float(n * (n - 1) // 2)]
     checks["max"] = world.max([float(r)]) == [float(n - 1)]
     gathered = world.all_gather(torch.full((r, 2), r, dtype=torch.int64))  # rank r holds r rows
@@ -60,8 +62,18 @@ def main() -> int:
     checks = run_checks()
     ok = all(checks.values())
     if os.environ.get("RANK", "0") == "0" or not ok:
-        print(json.dumps({"ok": ok, "rank": int(os.environ.get("RANK", "0")), "cuda": torch.cuda.is_available(),
-                          "backend": backend_for(torch.cuda.is_available()), "checks": checks}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "ok": ok,
+                    "rank": int(os.environ.get("RANK", "0")),
+                    "cuda": torch.cuda.is_available(),
+                    "backend": backend_for(torch.cuda.is_available()),
+                    "checks": checks,
+                },
+                indent=1,
+            )
+        )
     return 0 if ok else 1
 
 

@@ -54,8 +54,9 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
     parser.add_argument("--model", type=Path, default=None, help="the policy folder (default: the config's)")
     parser.add_argument("--trainer-backend", choices=TRAINERS.names(), default="torch", help="trainer.backend")
-    parser.add_argument("--dtype", choices=tuple(MAX_LOGPROB_DIFF), default="bfloat16",
-                        help="trainer.dtype and rollout.engine.dtype")
+    parser.add_argument(
+        "--dtype", choices=tuple(MAX_LOGPROB_DIFF), default="bfloat16", help="trainer.dtype and rollout.engine.dtype"
+    )
     parser.add_argument("--max-logprob-diff", type=float, default=None, help="default: by --dtype")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report into this folder")
     parser.set_defaults(**defaults)
@@ -68,27 +69,60 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
 
     model = (args.model or load_experiment(args.config).model.path).resolve()
     if not (model / "config.json").is_file():
-        print(f"{model} not found: build it with `python launch/sft.py --config configs/sft_quickstart.yaml`",
-              file=sys.stderr)
+        print(
+            f"{model} not found: build it with `python launch/sft.py --config configs/sft_quickstart.yaml`",
+            file=sys.stderr,
+        )
         return 2
     runs = Path(tempfile.mkdtemp(prefix=f"yatt-{name}-"))
-    overrides = [f"model.path={model}", f"run.output_dir={runs}", f"run.name={name}", f"run.steps={args.steps}",
-                 "run.eval_every=0", "data.eval_prompts=64", f"checkpoint.every={max(1, args.steps // 3)}",
-                 "rollout.engine.backend=hf", "rollout.engine.vllm=null", f"rollout.engine.dtype={args.dtype}",
-                 f"trainer.dtype={args.dtype}", f"trainer.backend={args.trainer_backend}"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", str(REPO / "launch/train.py"),
-           "--config", str(args.config.resolve()), "--placement", "full", "--resume", "none", *overrides]
+    overrides = [
+        f"model.path={model}",
+        f"run.output_dir={runs}",
+        f"run.name={name}",
+        f"run.steps={args.steps}",
+        "run.eval_every=0",
+        "data.eval_prompts=64",
+        f"checkpoint.every={max(1, args.steps // 3)}",
+        "rollout.engine.backend=hf",
+        "rollout.engine.vllm=null",
+        f"rollout.engine.dtype={args.dtype}",
+        f"trainer.dtype={args.dtype}",
+        f"trainer.backend={args.trainer_backend}",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "1",
+        str(REPO / "launch/train.py"),
+        "--config",
+        str(args.config.resolve()),
+        "--placement",
+        "full",
+        "--resume",
+        "none",
+        *overrides,
+    ]
     start = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
-    report: dict = {"command": " ".join(cmd[2:]), "returncode": proc.returncode,
-                    "wall_s": round(time.perf_counter() - start, 1), "dtype": args.dtype, "max_logprob_diff": max_diff,
-                    "device": torch.cuda.get_device_name(0) if gpu else "cpu (GPU-only checks skipped)"}
+    report: dict = {
+        "command": " ".join(cmd[2:]),
+        "returncode": proc.returncode,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "dtype": args.dtype,
+        "max_logprob_diff": max_diff,
+        "device": torch.cuda.get_device_name(0) if gpu else "cpu (GPU-only checks skipped)",
+    }
     run_dir = runs / name
     if (run_dir / "config.yaml").is_file():  # the backend the run says it trained with
         report["trainer_backend"] = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]["backend"]
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()] \
-        if (run_dir / "metrics.jsonl").is_file() else []
+    records = (
+        [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        if (run_dir / "metrics.jsonl").is_file()
+        else []
+    )
     steps = [r for r in records if r["step"] > 0]
     checks: dict[str, bool] = {"ran": proc.returncode == 0 and len(steps) == args.steps}
     if steps:
@@ -98,12 +132,19 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
             policy_loss=[round(r["actor/policy_loss"], 5) for r in steps],
             grad_norm=[round(r["actor/grad_norm"], 4) for r in steps],
             reward_mean_first_last=[steps[0]["reward/mean"], steps[-1]["reward/mean"]],
-            logprob_diff_mean_max=max(lp_diff), logprob_diff_max_max=max(r["rollout/trainer_logprob_diff_max"] for r in steps),
-            offload_freed_mib_min=min(freed) / 2**20, step_s_median=sorted(r["time/step_s"] for r in steps)[len(steps) // 2],
+            logprob_diff_mean_max=max(lp_diff),
+            logprob_diff_max_max=max(r["rollout/trainer_logprob_diff_max"] for r in steps),
+            offload_freed_mib_min=min(freed) / 2**20,
+            step_s_median=sorted(r["time/step_s"] for r in steps)[len(steps) // 2],
             switch_s_median=sorted(r["placement/switch_s"] for r in steps)[len(steps) // 2],
-            accuracy=[records[0].get("eval/accuracy"), steps[-1].get("eval/accuracy")])
-        checks["finite_loss"] = all(math.isfinite(r["actor/policy_loss"]) and math.isfinite(r["actor/grad_norm"])
-                                    and r["actor/skipped_steps"] == 0 for r in steps)
+            accuracy=[records[0].get("eval/accuracy"), steps[-1].get("eval/accuracy")],
+        )
+        checks["finite_loss"] = all(
+            math.isfinite(r["actor/policy_loss"])
+            and math.isfinite(r["actor/grad_norm"])
+            and r["actor/skipped_steps"] == 0
+            for r in steps
+        )
         checks["logprobs_agree"] = max(lp_diff) <= max_diff
         if gpu:
             checks["offload_frees_memory"] = min(freed) > 0

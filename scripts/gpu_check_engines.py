@@ -43,8 +43,10 @@ def tokens(engine, prompts) -> list[list[int]]:
 
 def perturbed(weights: dict[str, torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
     gen = torch.Generator().manual_seed(1)
-    return [(k, v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.is_floating_point() and v.numel() > 1
-             else v) for k, v in weights.items()]
+    return [
+        (k, v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.is_floating_point() and v.numel() > 1 else v)
+        for k, v in weights.items()
+    ]
 
 
 def timed(fn):
@@ -116,7 +118,8 @@ def main() -> int:
         report["owner_switch_s"] = [round(s, 3) for s in switches]
         judge.wake()  # the last switch left it asleep
         checks["after six switches both engines give their reference output"] = (
-            tokens(rollout, prompts) == reference and tokens(judge, prompts) == judge_reference)
+            tokens(rollout, prompts) == reference and tokens(judge, prompts) == judge_reference
+        )
     finally:
         rollout.close()
         judge.close()

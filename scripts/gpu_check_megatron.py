@@ -33,10 +33,19 @@ from gpu_check_e2e import main
 
 if __name__ == "__main__":
     if importlib.util.find_spec("megatron") is None:
-        print("megatron-core is not importable: see this script's docstring for how to carry it to this machine",
-              file=sys.stderr)
+        print(
+            "megatron-core is not importable: see this script's docstring for how to carry it to this machine",
+            file=sys.stderr,
+        )
         sys.exit(2)
     import torch
 
-    sys.exit(main(name="gpu_check_megatron", doc=__doc__, trainer_backend="megatron", steps=10,
-                  dtype="bfloat16" if torch.cuda.is_available() else "float32"))
+    sys.exit(
+        main(
+            name="gpu_check_megatron",
+            doc=__doc__,
+            trainer_backend="megatron",
+            steps=10,
+            dtype="bfloat16" if torch.cuda.is_available() else "float32",
+        )
+    )

@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
 from yatt.algorithms.objective import Algorithm  # noqa: E402
+from yatt.config import AlgorithmConfig, TrainerConfig  # noqa: E402
 from yatt.distributed import World  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.tensors import TokenBatch  # noqa: E402
@@ -33,12 +33,19 @@ def main() -> int:
         print("no CUDA device: this check needs a GPU", file=sys.stderr)
         return 2
     world = World(rank=0, size=1, local_rank=0, device=torch.device("cuda", 0))
-    folder = write_tiny_model(Path(tempfile.mkdtemp()) / "m", TinyModelConfig(hidden_size=1024, intermediate_size=4096,
-                              num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4))
+    folder = write_tiny_model(
+        Path(tempfile.mkdtemp()) / "m",
+        TinyModelConfig(
+            hidden_size=1024, intermediate_size=4096, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4
+        ),
+    )
     trainer = TorchTrainer(folder, TrainerConfig(lr=1e-4, micro_batch_size=16), world)
     gen = torch.Generator().manual_seed(0)
-    batch = TokenBatch.from_sequences([torch.randint(3, 40, (32,), generator=gen).tolist() for _ in range(32)],
-                                      [torch.randint(3, 40, (64,), generator=gen).tolist() for _ in range(32)], 0)
+    batch = TokenBatch.from_sequences(
+        [torch.randint(3, 40, (32,), generator=gen).tolist() for _ in range(32)],
+        [torch.randint(3, 40, (64,), generator=gen).tolist() for _ in range(32)],
+        0,
+    )
     old, _ = trainer.logprobs(batch)
     batch.extras.update(old_logprobs=old, advantages=torch.randn(32, generator=gen))
     loss_fn = Algorithm(AlgorithmConfig()).objective(float(batch.mask.sum()), 32.0, 64)
@@ -68,7 +75,9 @@ def main() -> int:
         "offload_frees_at_least_90pct": after_offload <= 0.1 * resident,
         "onload_restores": abs(after_onload - resident) <= 0.05 * resident,
         "same_logprobs_after_roundtrip": report["logprob_max_diff_after_roundtrip"] == 0.0,
-        "training_continues": all(map(lambda x: x == x and x < float("inf"), (first["grad_norm"], second["grad_norm"]))),
+        "training_continues": all(
+            map(lambda x: x == x and x < float("inf"), (first["grad_norm"], second["grad_norm"]))
+        ),
     }
     text = json.dumps(report, indent=2)
     print(text)

@@ -8,5 +8,6 @@ def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
         "markers", "engine: starts real inference-engine child processes (vLLM); slow, deselect with -m 'not engine'"
     )
     config.addinivalue_line(
-        "markers", "slow: long end-to-end runs (the full quickstart); `make test` deselects them, `make test-all` runs them"
+        "markers",
+        "slow: long end-to-end runs (the full quickstart); `make test` deselects them, `make test-all` runs them",
     )

@@ -13,13 +13,22 @@ from pathlib import Path
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
-DIGITS = TinyModelConfig(alphabet="0123456789+=", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1)
+DIGITS = TinyModelConfig(
+    alphabet="0123456789+=",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
 
 
 def one_digit_rows(path: Path, count: int) -> Path:
-    rows = [{"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "data_source": "exact_match"}
-            for a in range(10) for b in range(10)][:count]
+    rows = [
+        {"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "data_source": "exact_match"}
+        for a in range(10)
+        for b in range(10)
+    ][:count]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -50,8 +59,17 @@ data:
 
 
 def torchrun_args(config: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(REPO / "launch/train.py"),
-            "--config", str(config), *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        str(REPO / "launch/train.py"),
+        "--config",
+        str(config),
+        *args,
+    ]
 
 
 def nproc_args(config: Path, *args: str) -> list[str]:
@@ -60,22 +78,37 @@ def nproc_args(config: Path, *args: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
-def torchrun(config: Path, *args: str, cwd: Path, timeout: int = 900,
-             extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_args(config, *args), capture_output=True, text=True, timeout=timeout,
-                          env={**env(), **(extra_env or {})}, cwd=cwd)
+def torchrun(
+    config: Path, *args: str, cwd: Path, timeout: int = 900, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        torchrun_args(config, *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env(), **(extra_env or {})},
+        cwd=cwd,
+    )
 
 
 def train_repo_config(config: str, run_name: str, output_dir: Path, *args: str, timeout: int) -> tuple[dict, float]:
     """Train the repository's `config` as `make quickstart` does (2 ranks, from the repository root; args:
     --placement and key=value overrides), writing under output_dir: its summary.json and the wall seconds."""
     start = time.monotonic()
-    subprocess.run(nproc_args(REPO / config, *args, f"run.output_dir={output_dir}"), cwd=REPO, env=env(),
-                   check=True, timeout=timeout)
+    subprocess.run(
+        nproc_args(REPO / config, *args, f"run.output_dir={output_dir}"),
+        cwd=REPO,
+        env=env(),
+        check=True,
+        timeout=timeout,
+    )
     wall = time.monotonic() - start
     return json.loads((output_dir / run_name / "summary.json").read_text()), wall
 
@@ -99,8 +132,14 @@ def process_tree(root_pid: int) -> list[int]:
 
 
 # the vocabulary of a policy that a tiny judge reads ("...?yes"/"no") and the judge's own shape
-JUDGE_TINY = TinyModelConfig(alphabet="0123456789+=:?yesno", hidden_size=64, intermediate_size=128,
-                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
+JUDGE_TINY = TinyModelConfig(
+    alphabet="0123456789+=:?yesno",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
 
 
 def genrm_reward(tmp: Path, engine: str) -> str:

@@ -24,19 +24,22 @@ def load_policies(folders: dict[str, Path]) -> dict[str, torch.nn.Module]:
 
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, eos_token_id=EOS,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new, eos_token_id=EOS, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @torch.no_grad()
 def hf_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int]) -> torch.Tensor:
     """log_softmax of a plain unpadded forward's raw float32 logits at the completion's tokens."""
-    logp = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float(), -1)
+    logp = torch.log_softmax(model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float(), -1)
     return logp.gather(1, torch.tensor(completion)[:, None])[:, 0]
 
 
-def trainer_logprobs(folder: Path, prompt: list[int], completions: list[list[int]], temperature: float) -> list[torch.Tensor]:
+def trainer_logprobs(
+    folder: Path, prompt: list[int], completions: list[list[int]], temperature: float
+) -> list[torch.Tensor]:
     """The torch trainer's log-probs of each completion at `temperature` (what the RL step compares with)."""
     from yatt.config import TrainerConfig
     from yatt.distributed import World
@@ -51,9 +54,10 @@ def trainer_logprobs(folder: Path, prompt: list[int], completions: list[list[int
 
 
 @torch.no_grad()
-def nucleus_log_mass(model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float,
-                     top_p: float) -> torch.Tensor:
+def nucleus_log_mass(
+    model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float, top_p: float
+) -> torch.Tensor:
     """log of the probability mass of the top-p nucleus of softmax(logits / T) at each completion position."""
-    logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].float() / temperature
+    logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float() / temperature
     probs = torch.softmax(logits, -1).sort(dim=-1, descending=True).values
     return torch.log(probs.masked_fill(probs.cumsum(-1) - probs > top_p, 0.0).sum(-1))

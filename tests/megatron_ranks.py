@@ -8,20 +8,24 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
 try:
     import megatron.core  # noqa: F401
+
     HAVE_MEGATRON = True
 except ImportError:
     HAVE_MEGATRON = False
 
-needs_megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed "
-                                    "(pip install 'yatt[megatron]'; scripts/setup.sh installs it on CPU)")
+needs_megatron = pytest.mark.skipif(
+    not HAVE_MEGATRON,
+    reason="megatron-core is not installed (pip install 'yatt[megatron]'; scripts/setup.sh installs it on CPU)",
+)
 
 
 def _free_port() -> int:
@@ -34,8 +38,9 @@ def _entry(rank: int, world: int, port: int, body: Callable, out: str, args: tup
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     dist.init_process_group("gloo", rank=rank, world_size=world)
     from yatt.distributed import World
 
@@ -54,6 +59,7 @@ def run_ranks(world: int, body: Callable, out: Path, *args: Any) -> list[Any]:
 
 
 # ---- bodies --------------------------------------------------------------------------------------------------
+
 
 def logits_body(world, folder: str, tp: int, pp: int, ids: torch.Tensor) -> dict:
     """Full-vocabulary logits of `ids` from the GPTModel mapped from `folder` (gathered over TP, on the last
@@ -74,8 +80,9 @@ def logits_body(world, folder: str, tp: int, pp: int, ids: torch.Tensor) -> dict
         tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
         gpt = mm.build_gpt(hf, tp, pp, pp_rank, torch.float32)
         tied = hf.tie_word_embeddings and pp > 1 and pp_rank == pp - 1
-        gpt.load_state_dict(mm.local_state_from_hf(read_hf_weights(Path(folder)), hf, tp, tp_rank, pp, pp_rank,
-                                                   tied), strict=False)
+        gpt.load_state_dict(
+            mm.local_state_from_hf(read_hf_weights(Path(folder)), hf, tp, tp_rank, pp, pp_rank, tied), strict=False
+        )
         width = ids.shape[1]
         positions = torch.arange(width).expand_as(ids)
         mask = torch.ones(width, width, dtype=torch.bool).triu(1)[None, None]
@@ -85,19 +92,27 @@ def logits_body(world, folder: str, tp: int, pp: int, ids: torch.Tensor) -> dict
             out = model(next(iterator), positions, mask)
 
             def loss(o):
-                store.append(gather_from_tensor_model_parallel_region(o.detach())[..., :hf.vocab_size])
+                store.append(gather_from_tensor_model_parallel_region(o.detach())[..., : hf.vocab_size])
                 return o.sum() * 0.0, {}
+
             return out, loss
 
         with torch.no_grad():
-            get_forward_backward_func()(forward_step_func=step, data_iterator=iter([ids]), model=[gpt],
-                                        num_microbatches=1, seq_length=width, micro_batch_size=len(ids),
-                                        forward_only=True)
+            get_forward_backward_func()(
+                forward_step_func=step,
+                data_iterator=iter([ids]),
+                model=[gpt],
+                num_microbatches=1,
+                seq_length=width,
+                micro_batch_size=len(ids),
+                forward_only=True,
+            )
     return {"logits": store[0] if store else None, "tp_rank": tp_rank, "pp_rank": pp_rank}
 
 
-def trainer_step_body(world, folder: str, tp: int, pp: int, batch, rows: list[list[int]], denominators: tuple,
-                      trainer_kwargs: dict) -> dict:
+def trainer_step_body(
+    world, folder: str, tp: int, pp: int, batch, rows: list[list[int]], denominators: tuple, trainer_kwargs: dict
+) -> dict:
     """One MegatronTrainer.train_mini_batch on this rank's rows (by data-parallel rank) with the PPO loss:
     its stats, the weights after the step under HF names, and log-probs before the step."""
     from yatt.algorithms.objective import Algorithm
@@ -105,16 +120,24 @@ def trainer_step_body(world, folder: str, tp: int, pp: int, batch, rows: list[li
     from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
-    cfg = TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp),
-                        **trainer_kwargs)
+    cfg = TrainerConfig(
+        backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp), **trainer_kwargs
+    )
     trainer = MegatronTrainer(folder, cfg, world, total_steps=4)
     mine = batch.select(rows[trainer.dp_rank])  # extras (old log-probs, advantages) come along
     logp, ent = trainer.logprobs(mine, with_entropy=True)
     stats = trainer.train_mini_batch(mine, Algorithm(AlgorithmConfig()).objective(*denominators))
     weights = {k: v.clone() for bucket in trainer.engine_weights(1 << 16) for k, v in bucket}
     buckets = [[k for k, _ in bucket] for bucket in trainer.engine_weights(1 << 16)]
-    return {"stats": stats, "weights": weights, "logp": logp, "entropy": ent, "dp_rank": trainer.dp_rank,
-            "buckets": buckets, "state_keys": sorted(trainer.state_dict()["model"])}
+    return {
+        "stats": stats,
+        "weights": weights,
+        "logp": logp,
+        "entropy": ent,
+        "dp_rank": trainer.dp_rank,
+        "buckets": buckets,
+        "state_keys": sorted(trainer.state_dict()["model"]),
+    }
 
 
 def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple, trainer_kwargs: dict) -> dict:
@@ -127,8 +150,9 @@ def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple
     from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
-    cfg = TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp),
-                        **trainer_kwargs)
+    cfg = TrainerConfig(
+        backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp), **trainer_kwargs
+    )
     loss = Algorithm(AlgorithmConfig()).objective(*denominators)
     first = MegatronTrainer(folder, cfg, world, total_steps=4)
     first.train_mini_batch(batch, loss)
@@ -140,9 +164,14 @@ def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple
     resumed = second.train_mini_batch(batch, loss)
     resumed_weights = {k: v.clone() for bucket in second.engine_weights(1 << 20) for k, v in bucket}
     shard = sum(t.numel() for t in saved["model"].values())
-    return {"straight": straight, "resumed": resumed, "straight_weights": straight_weights,
-            "resumed_weights": resumed_weights, "shard_numel": shard,
-            "model_numel": sum(t.numel() for t in straight_weights.values())}
+    return {
+        "straight": straight,
+        "resumed": resumed,
+        "straight_weights": straight_weights,
+        "resumed_weights": resumed_weights,
+        "shard_numel": shard,
+        "model_numel": sum(t.numel() for t in straight_weights.values()),
+    }
 
 
 def mismatch_body(world, folder: str, batch) -> str:
@@ -151,8 +180,9 @@ def mismatch_body(world, folder: str, batch) -> str:
     from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
-    trainer = MegatronTrainer(folder, TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=2)),
-                              world, trainable=False)
+    trainer = MegatronTrainer(
+        folder, TrainerConfig(backend="megatron", megatron=MegatronConfig(tensor_parallel=2)), world, trainable=False
+    )
     trainer.logprobs(batch)  # the same rows: fine
     try:
         trainer.logprobs(batch.select([world.rank]))

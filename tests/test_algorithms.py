@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from yatt.algorithms import (
+    ADVANTAGES,
     LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
     aggregate_loss,
     broadcast_to_tokens,
     entropy_from_logits,
-    ADVANTAGES,
-    POLICY_LOSSES,
     gae_advantages,
     get_kl_estimator,
     kl_estimate,
@@ -27,6 +27,7 @@ from yatt.algorithms.ppo_clip import ppo_clip_loss as _ppo_clip_loss
 
 def ppo_clip_loss(logprobs, old_logprobs, advantages, mask, **kw):
     return _ppo_clip_loss(logprobs, old_logprobs, advantages, mask, PPOClipConfig(**kw))
+
 
 T = torch.tensor
 
@@ -147,7 +148,9 @@ def test_kl_penalized_rewards():
 
 def _ppo(ratio, adv, **kw):
     lp = torch.log(T([ratio]))
-    return ppo_clip_loss(lp, torch.zeros_like(lp), T(adv) if isinstance(adv, list) else T([adv]), T([[1.0] * len(ratio)]), **kw)
+    return ppo_clip_loss(
+        lp, torch.zeros_like(lp), T(adv) if isinstance(adv, list) else T([adv]), T([[1.0] * len(ratio)]), **kw
+    )
 
 
 def test_ppo_inside_range_not_clipped():
@@ -257,8 +260,7 @@ def test_aggregation_microbatches_with_global_denominators():
         # second micro-batch is trimmed to its own max length (T=3), as a collator might do
         parts = [(loss[:2], mask[:2]), (loss[2:, :3], mask[2:, :3])]
         split = sum(
-            aggregate_loss(lo, m, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=5)
-            for lo, m in parts
+            aggregate_loss(lo, m, mode, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=5) for lo, m in parts
         )
         close(split, full, atol=1e-12)
     # local denominators do not add up: token-mean of the halves is not the full token-mean

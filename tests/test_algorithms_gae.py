@@ -26,8 +26,14 @@ def close(a, b, atol=1e-5):
 
 def inp(rewards, mask, values, token_kl=None, world=None, width=3):
     mask = T(mask, dtype=torch.float32).reshape(len(rewards), -1 if rewards else width)
-    return AdvantageInput(T(rewards), mask, 1, world, T(token_kl) if token_kl is not None else None,
-                          values=T(values, dtype=torch.float32).reshape(mask.shape))
+    return AdvantageInput(
+        T(rewards),
+        mask,
+        1,
+        world,
+        T(token_kl) if token_kl is not None else None,
+        values=T(values, dtype=torch.float32).reshape(mask.shape),
+    )
 
 
 def gae(*args, gamma=1.0, lam=1.0, whiten=False, **kw):
@@ -45,8 +51,10 @@ def test_registered_as_an_estimator_that_reads_values():
 
 
 def test_outcome_on_the_last_token_minus_the_kl_per_token():
-    close(outcome_token_rewards(T([1.0, 2.0]), T([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]), None),
-          [[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    close(
+        outcome_token_rewards(T([1.0, 2.0]), T([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]]), None),
+        [[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]],
+    )
     # kl_mode=reward: inp.rewards = outcome - sum(kl) = 1 - .6; token_rewards spreads the KL out again
     close(token_rewards(inp([0.4], [[1, 1, 1]], [[0, 0, 0]], [[0.1, 0.2, 0.3]])), [[-0.1, -0.2, 0.7]])
 
@@ -98,8 +106,12 @@ def test_gae_without_values_is_an_error():
 
 
 def test_critic_targets_of_an_estimator_without_any_are_the_undiscounted_returns():
-    close(critic_targets(inp([0.4, 1.0], [[1, 1, 1], [1, 1, 0]], [[9.0] * 3, [9.0] * 3],
-                             [[0.1, 0.2, 0.3], [0.0, 0.0, 0.0]])), [[0.4, 0.5, 0.7], [1.0, 1.0, 0.0]])
+    close(
+        critic_targets(
+            inp([0.4, 1.0], [[1, 1, 1], [1, 1, 0]], [[9.0] * 3, [9.0] * 3], [[0.1, 0.2, 0.3], [0.0, 0.0, 0.0]])
+        ),
+        [[0.4, 0.5, 0.7], [1.0, 1.0, 0.0]],
+    )
 
 
 # ---- 2 ranks: the same whitened advantages as one process holding the whole batch ------------------------

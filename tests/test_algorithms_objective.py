@@ -15,10 +15,13 @@ ENTROPY = T([[1.0, 2.0], [3.0, 9.0]])
 
 
 def micro_batch(rows=slice(None)) -> TokenBatch:
-    extras = {"old_logprobs": torch.zeros(2, 2), "advantages": T([1.0, -2.0]),
-              # engine log-probs: ratios exp(old - rollout) = [e, .5], [1, (masked)]
-              "rollout_logprobs": T([[-1.0, math.log(2.0)], [0.0, 0.0]]),
-              "ref_logprobs": T([[0.0, -1.0], [1.0, 0.0]])}
+    extras = {
+        "old_logprobs": torch.zeros(2, 2),
+        "advantages": T([1.0, -2.0]),
+        # engine log-probs: ratios exp(old - rollout) = [e, .5], [1, (masked)]
+        "rollout_logprobs": T([[-1.0, math.log(2.0)], [0.0, 0.0]]),
+        "ref_logprobs": T([[0.0, -1.0], [1.0, 0.0]]),
+    }
     mb = TokenBatch(torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long), MASK, extras)
     return mb.select(torch.arange(2)[rows])
 
@@ -51,8 +54,7 @@ def test_entropy_gradient_and_no_bonus_by_default():
 
 
 def test_kl_loss_uses_the_controlled_coefficient():
-    algo = Algorithm(AlgorithmConfig(kl_coef=0.1, kl_control={"kind": "adaptive", "target_kl": 0.01,
-                                                               "horizon": 100}))
+    algo = Algorithm(AlgorithmConfig(kl_coef=0.1, kl_control={"kind": "adaptive", "target_kl": 0.01, "horizon": 100}))
     mb = micro_batch()
     logp = torch.zeros(2, 2)
     # k3 of log-ratios [0, 1],[-1]: 0, e^-1 - 1 + 1 = .367879, e - 2 = .718282; ppo part -1 -1 +2 = 0

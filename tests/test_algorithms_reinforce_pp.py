@@ -1,7 +1,6 @@
 """REINFORCE++ (and its group-baseline variant) against hand-computed values; global whitening on 2 ranks."""
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -31,8 +30,11 @@ def close(a, b, atol=1e-5):
 def adv(rewards, mask, token_kl=None, group=1, baseline=False, gamma=1.0, world=None, width=4):
     mask = T(mask, dtype=torch.float32).reshape(len(rewards), -1 if rewards else width)
     inp = AdvantageInput(T(rewards), mask, group, world, T(token_kl) if token_kl is not None else None)
-    est, cfg = (REINFORCE_PP_BASELINE, ReinforcePPBaselineConfig(gamma=gamma)) if baseline else \
-        (REINFORCE_PP, ReinforcePPConfig(gamma=gamma))
+    est, cfg = (
+        (REINFORCE_PP_BASELINE, ReinforcePPBaselineConfig(gamma=gamma))
+        if baseline
+        else (REINFORCE_PP, ReinforcePPConfig(gamma=gamma))
+    )
     return est.compute(inp, cfg)
 
 
@@ -43,8 +45,10 @@ def test_kl_shaped_token_returns():
     # gamma .5: t2 = -.3+1 = .7; t1 = -.2+.5*.7 = .15; t0 = -.1+.5*.15 = -.025
     close(token_returns(T([1.0]), mask, kl, 0.5), [[-0.025, 0.15, 0.7]])
     # masked positions are skipped: same values on the valid tokens, 0 elsewhere; no KL: the outcome everywhere
-    close(token_returns(T([1.0]), T([[1.0, 0.0, 1.0, 1.0, 0.0]]), T([[0.1, 9.0, 0.2, 0.3, 9.0]]), 1.0),
-          [[0.4, 0.0, 0.5, 0.7, 0.0]])
+    close(
+        token_returns(T([1.0]), T([[1.0, 0.0, 1.0, 1.0, 0.0]]), T([[0.1, 9.0, 0.2, 0.3, 9.0]]), 1.0),
+        [[0.4, 0.0, 0.5, 0.7, 0.0]],
+    )
     close(token_returns(T([2.0, 3.0]), T([[1.0, 1.0], [0.0, 0.0]]), None, 1.0), [[2.0, 2.0], [0.0, 0.0]])
 
 
@@ -92,8 +96,7 @@ def _worker(rank: int, tmp: str) -> None:
     for name, (n0, _) in SPLITS.items():
         rows = slice(0, n0) if rank == 0 else slice(n0, len(REW))
         for baseline in (False, True):
-            a = adv(REW[rows], MASK[rows], KL[rows] or None, group=2,
-                    baseline=baseline, world=world)
+            a = adv(REW[rows], MASK[rows], KL[rows] or None, group=2, baseline=baseline, world=world)
             out[f"{name}/{baseline}"] = a.tolist()
     dist.destroy_process_group()
     Path(f"{tmp}/rank{rank}.json").write_text(json.dumps(out))
@@ -113,8 +116,12 @@ def test_two_ranks_whiten_over_the_global_batch(two_ranks, split, baseline):
     parts = [T(r[f"{split}/{baseline}"]).reshape(-1, 4) for r in two_ranks]
     close(torch.cat(parts), whole)
     # and not the per-rank whitening, which would differ
-    local = torch.cat([adv(REW[:4], MASK[:4], KL[:4], group=2, baseline=baseline),
-                       adv(REW[4:], MASK[4:], KL[4:], group=2, baseline=baseline)])
+    local = torch.cat(
+        [
+            adv(REW[:4], MASK[:4], KL[:4], group=2, baseline=baseline),
+            adv(REW[4:], MASK[4:], KL[4:], group=2, baseline=baseline),
+        ]
+    )
     assert not torch.allclose(local, whole, atol=1e-3)
 
 

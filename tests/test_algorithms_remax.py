@@ -12,8 +12,9 @@ T = torch.tensor
 
 def test_remax_subtracts_the_greedy_reward():
     # prompt 0 (greedy right, 1): samples [1, 0] -> [0, -1]; prompt 1 (greedy wrong, 0): [1, 0] -> [1, 0]
-    adv = REMAX.compute(AdvantageInput(T([1.0, 0.0, 1.0, 0.0]), torch.ones(4, 2), 2,
-                                       baselines=T([1.0, 1.0, 0.0, 0.0])), ReMaxConfig())
+    adv = REMAX.compute(
+        AdvantageInput(T([1.0, 0.0, 1.0, 0.0]), torch.ones(4, 2), 2, baselines=T([1.0, 1.0, 0.0, 0.0])), ReMaxConfig()
+    )
     torch.testing.assert_close(adv, T([0.0, -1.0, 1.0, 0.0]))
     # a singleton group still has a baseline; an all-equal group equal to its greedy reward gets 0
     torch.testing.assert_close(remax_advantages(T([0.5]), T([0.25])), T([0.25]))
@@ -38,4 +39,7 @@ def test_remax_needs_rule_rewards():
     configs = Path(__file__).resolve().parents[1] / "configs"
     with pytest.raises(ConfigError, match="remax scores its greedy baseline responses with the rule verifier"):
         load_experiment(configs / "quickstart_genrm.yaml", ["algorithm.advantage.kind=remax"])
-    assert load_experiment(configs / "quickstart.yaml", ["algorithm.advantage.kind=remax"]).algorithm.advantage.kind == "remax"
+    assert (
+        load_experiment(configs / "quickstart.yaml", ["algorithm.advantage.kind=remax"]).algorithm.advantage.kind
+        == "remax"
+    )

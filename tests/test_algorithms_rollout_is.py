@@ -75,8 +75,9 @@ def test_all_masked_and_extreme_log_ratios():
     w, m = rollout_correction(T([[100.0, -100.0]]), T([[0.0, 0.0]]), T([[1.0, 1.0]]), RolloutISConfig(mode="truncate"))
     close(w, [[2.0, math.exp(-20.0)]])  # log-ratios clamped to +-20 before exp
     assert all(math.isfinite(v) for v in m.values())
-    w, _ = rollout_correction(T([[100.0, -100.0]]), T([[0.0, 0.0]]), T([[1.0, 1.0]]),
-                              RolloutISConfig(mode="mask", level="sequence"))
+    w, _ = rollout_correction(
+        T([[100.0, -100.0]]), T([[0.0, 0.0]]), T([[1.0, 1.0]]), RolloutISConfig(mode="mask", level="sequence")
+    )
     close(w, [[1.0, 1.0]])  # the sequence's log-ratio sums to 0: kept
 
 

@@ -26,12 +26,17 @@ ENGINE = "tests.plugins.counting_engine:CountingEngine"
 
 
 def plugin_experiment(tmp_path, log: str) -> str:
-    return str(experiment(tmp_path, f"""
+    return str(
+        experiment(
+            tmp_path,
+            f"""
 rollout: {{group_size: 8, max_new_tokens: 2, engine: {{backend: {ENGINE}, startup_timeout_s: 300}}}}
 algorithm: {{mini_batches: 2}}
 trainer: {{backend: {TRAINER}, counting: {{log: {log}}}, lr: 0.01, micro_batch_size: 16}}
-run: {{output_dir: {tmp_path / 'runs'}}}
-"""))
+run: {{output_dir: {tmp_path / "runs"}}}
+""",
+        )
+    )
 
 
 @pytest.mark.engine
@@ -65,13 +70,16 @@ def test_plugins_train_under_torchrun_from_another_directory(tmp_path):
     trainer and generate with the plug-in engine, each rank's in its own engine process."""
     calls = tmp_path / "calls.jsonl"
     config = plugin_experiment(tmp_path, str(calls))
-    done = torchrun(config, "run.steps=2", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false",
-                    cwd=tmp_path)
+    done = torchrun(
+        config, "run.steps=2", "run.eval_every=0", "checkpoint.every=0", "run.export_policy=false", cwd=tmp_path
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in calls.read_text().splitlines()]
     # per rank and step: 4 prompts x 8 samples in 2 mini-batches of 16
-    assert sorted((line["rank"], line["rows"]) for line in lines if line["call"] == "train_mini_batch") == \
-        [(0, 16)] * 4 + [(1, 16)] * 4
+    assert (
+        sorted((line["rank"], line["rows"]) for line in lines if line["call"] == "train_mini_batch")
+        == [(0, 16)] * 4 + [(1, 16)] * 4
+    )
     logs = sorted((tmp_path / "runs" / "run" / "logs").glob("engine-rollout-rank*.log"))
     served = [re.search(r"counting engine served (\d+) requests", log.read_text()) for log in logs]
     assert len(logs) == 2 and all(found and int(found[1]) >= 8 for found in served), logs  # 4 prompts x 2 steps

@@ -9,8 +9,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from yatt.balance.exchange import plan_rebalance, rebalance, restore_order
-from yatt.data.rollout import Rollout
 from yatt.balance.partition import imbalance
+from yatt.data.rollout import Rollout
 from yatt.distributed import World
 
 
@@ -18,17 +18,27 @@ def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout]
     """Deterministic samples with random tokens, double-precision logprobs and group-shared prompts."""
     rng = random.Random(rank * 1000 + groups)
     out = []
-    for g in range(groups):
+    for _g in range(groups):
         prompt = [rng.randrange(3, 50) for _ in range(rng.randrange(2, 6))]
         for _ in range(unit):
             n = rng.randrange(40, 90) if long else rng.randrange(1, 12)
-            out.append(Rollout(None, prompt, [rng.randrange(3, 50) for _ in range(n)], [-rng.random() * 3 for _ in range(n)],
-                               rng.choice(["stop", "length"]), reward=float(rng.random() < 0.5), baseline=rng.random(),
-                               origin=(rank, len(out))))
+            out.append(
+                Rollout(
+                    None,
+                    prompt,
+                    [rng.randrange(3, 50) for _ in range(n)],
+                    [-rng.random() * 3 for _ in range(n)],
+                    rng.choice(["stop", "length"]),
+                    reward=float(rng.random() < 0.5),
+                    baseline=rng.random(),
+                    origin=(rank, len(out)),
+                )
+            )
     return out
 
 
 # ---- the plan: pure ------------------------------------------------------------------------------
+
 
 def test_plan_balances_moves_little_and_covers_every_sample_once():
     lengths = [[(4, 80)] * 8 + [(4, 5)] * 8, [(4, 5)] * 8]  # rank 0: 4 groups of 4, two long; rank 1: 2 short
@@ -67,6 +77,7 @@ def test_plan_quality_matches_the_partitioner_and_rejects_split_groups():
 
 # ---- under torch.distributed ---------------------------------------------------------------------
 
+
 def _worker(rank: int, tmp: str, model_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
@@ -78,9 +89,13 @@ def _worker(rank: int, tmp: str, model_path: str) -> None:
         held, plan = rebalance(world, mine, unit_size=unit)
         values = torch.tensor([[s.origin[0], s.origin[1], s.reward] for s in held], dtype=torch.float64).view(-1, 3)
         restored = restore_order(world, plan, values)
-        results[name] = {"held": [vars(s) for s in held], "plan_dest": plan.dest,
-                         "restored": restored.tolist(), "after": plan.imbalance(after=True),
-                         "before": plan.imbalance(after=False)}
+        results[name] = {
+            "held": [vars(s) for s in held],
+            "plan_dest": plan.dest,
+            "restored": restored.tolist(),
+            "after": plan.imbalance(after=True),
+            "before": plan.imbalance(after=False),
+        }
     results["lockstep"] = _train_uneven(world, model_path)
     with open(f"{tmp}/rank{rank}.json", "w") as f:
         json.dump(results, f)
@@ -89,6 +104,7 @@ def _worker(rank: int, tmp: str, model_path: str) -> None:
 
 def _uneven_batch(rows: range):
     from yatt.tensors import TokenBatch
+
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 40, (4,), generator=gen).tolist() for _ in range(4)]  # 2 samples each
     responses = [torch.randint(3, 40, (1 + i % 5,), generator=gen).tolist() for i in range(8)]
@@ -99,32 +115,45 @@ def _uneven_batch(rows: range):
 
 def _train_step(world: World, model_path: str, rows: range, micro: int, **settings) -> dict:
     """One optimizer step on `rows` of a fixed batch, as the shard does it (global denominators)."""
-    from yatt.config import AlgorithmConfig, TrainerConfig
     from yatt.algorithms.objective import Algorithm
+    from yatt.config import AlgorithmConfig, TrainerConfig
     from yatt.trainers.torch_trainer import TorchTrainer
+
     torch.manual_seed(0)
     trainer = TorchTrainer(model_path, TrainerConfig(lr=1e-2, micro_batch_size=micro, **settings), world)
     batch = _uneven_batch(rows)
     batch.extras["old_logprobs"] = trainer.logprobs(batch)[0]
     tokens, seqs = world.sum([float(batch.mask.sum()), float(len(batch))])
-    stats = trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(tokens / world.size,
-                                                             seqs / world.size, 8))
+    stats = trainer.train_mini_batch(
+        batch, Algorithm(AlgorithmConfig()).objective(tokens / world.size, seqs / world.size, 8)
+    )
     return {"grad_norm": stats["grad_norm"], "weights": {k: v.tolist() for k, v in trainer.named_weights()}}
 
 
 def _train_uneven(world: World, model_path: str) -> dict:
     # rank 0 trains 7 rows in 4 micro-batches, rank 1 one row in 1: DDP must stay in step; packed rows with
     # shared prompts (pairs of samples) and the output head in chunks of 3 tokens (recomputed in backward) under DDP
-    return _train_step(world, model_path, range(7) if world.rank == 0 else range(7, 8), micro=2,
-                       pack_sequences=True, logprob_chunk_tokens=3)
+    return _train_step(
+        world,
+        model_path,
+        range(7) if world.rank == 0 else range(7, 8),
+        micro=2,
+        pack_sequences=True,
+        logprob_chunk_tokens=3,
+    )
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
     tmp = tmp_path_factory.mktemp("exchange")
-    model = write_tiny_model(tmp / "m", TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                                        num_attention_heads=2, num_key_value_heads=1))
+    model = write_tiny_model(
+        tmp / "m",
+        TinyModelConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1
+        ),
+    )
     mp.spawn(_worker, args=(str(tmp), str(model)), nprocs=2, join=True)
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)], model
 
@@ -146,7 +175,7 @@ def test_round_trip_keeps_every_sample_once_and_unchanged(two_ranks, name, unit,
             origins = [s["origin"] for s in h]
             for start in range(0, len(origins), unit):
                 src, first = origins[start]
-                assert first % unit == 0 and origins[start:start + unit] == [(src, first + j) for j in range(unit)]
+                assert first % unit == 0 and origins[start : start + unit] == [(src, first + j) for j in range(unit)]
     for r in range(2):  # restore_order maps values back to each original sample, in the original order
         restored = results[r][name]["restored"]
         assert [(int(a), int(b)) for a, b, _ in restored] == [(r, i) for i in range(groups[r] * unit)]
@@ -157,8 +186,9 @@ def test_uneven_ranks_train_in_lockstep_like_one_process(two_ranks):
     """7 + 1 rows on two ranks (4 vs 1 micro-batches, packed, shared prompts, chunked head) give the step of all
     8 rows on one rank computed the plain way (padded, repeated prompts, full logits)."""
     results, model = two_ranks
-    single = _train_step(World(0, 1, 0, torch.device("cpu")), str(model), range(8), micro=8,
-                         pack_sequences=False, logprob_chunk_tokens=0)
+    single = _train_step(
+        World(0, 1, 0, torch.device("cpu")), str(model), range(8), micro=8, pack_sequences=False, logprob_chunk_tokens=0
+    )
     a, b = results[0]["lockstep"], results[1]["lockstep"]
     assert a["grad_norm"] == pytest.approx(single["grad_norm"], abs=1e-5)
     for name, w in single["weights"].items():

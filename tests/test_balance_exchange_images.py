@@ -18,13 +18,29 @@ def image_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout
     out = []
     for g in range(groups):
         prompt = torch.randint(3, 40, (9,), generator=gen).tolist()
-        vision = PromptImages(prompt[:3], [b"png-bytes"], prompt,
-                              {"pixel_values": torch.rand((1, 1, 3, 4, 4), generator=gen),
-                               "pixel_attention_mask": torch.randint(0, 2, (1, 1, 4, 4), generator=gen)})
+        vision = PromptImages(
+            prompt[:3],
+            [b"png-bytes"],
+            prompt,
+            {
+                "pixel_values": torch.rand((1, 1, 3, 4, 4), generator=gen),
+                "pixel_attention_mask": torch.randint(0, 2, (1, 1, 4, 4), generator=gen),
+            },
+        )
         for _ in range(unit):
             n = 60 if long else 2
-            out.append(Rollout(None, prompt, [5] * n, [-0.5] * n, "stop", reward=float(g % 2), origin=(rank, len(out)),
-                               vision=vision))
+            out.append(
+                Rollout(
+                    None,
+                    prompt,
+                    [5] * n,
+                    [-0.5] * n,
+                    "stop",
+                    reward=float(g % 2),
+                    origin=(rank, len(out)),
+                    vision=vision,
+                )
+            )
     return out
 
 
@@ -33,10 +49,19 @@ def _worker(rank: int, tmp: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
     world = World(rank, 2, rank, torch.device("cpu"))
     held, plan = rebalance(world, image_samples(rank, 4 if rank == 0 else 1, 2, long=rank == 0), unit_size=2)
-    out = {"moved": plan.moved_samples, "moved_bytes": plan.metrics()["balance/moved_pixel_bytes"],
-           "held": [{"origin": list(s.origin), "prompt": s.prompt_ids, "images": s.vision.images,
-                     "pixels": {k: [list(v.shape), str(v.dtype), v.flatten().tolist()] for k, v in s.vision.pixels.items()}}
-                    for s in held]}
+    out = {
+        "moved": plan.moved_samples,
+        "moved_bytes": plan.metrics()["balance/moved_pixel_bytes"],
+        "held": [
+            {
+                "origin": list(s.origin),
+                "prompt": s.prompt_ids,
+                "images": s.vision.images,
+                "pixels": {k: [list(v.shape), str(v.dtype), v.flatten().tolist()] for k, v in s.vision.pixels.items()},
+            }
+            for s in held
+        ],
+    }
     for s in out["held"]:
         s["images"] = [b.decode() for b in s["images"]]
     text_vs_image = None
@@ -72,6 +97,10 @@ def test_moved_image_samples_carry_their_pixels(tmp_path):
                 assert values == ref.vision.pixels[key].flatten().tolist()  # bit-identical
             # kept samples still hold their image bytes; moved ones only the encoded inputs
             assert s["images"] == (["png-bytes"] if origin[0] == rank else [])
-    assert sorted(seen) == sorted(originals) and any(o[0] == 0 for o in (tuple(s["origin"]) for s in results[1]["held"]))
+    assert sorted(seen) == sorted(originals) and any(
+        o[0] == 0 for o in (tuple(s["origin"]) for s in results[1]["held"])
+    )
     # a step that mixes text and image samples is refused on both ranks alike (no rank left waiting)
-    assert results[0]["mixed_error"] == results[1]["mixed_error"] and "mixes text and image" in results[0]["mixed_error"]
+    assert (
+        results[0]["mixed_error"] == results[1]["mixed_error"] and "mixes text and image" in results[0]["mixed_error"]
+    )

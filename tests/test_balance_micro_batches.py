@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
+from yatt.algorithms.objective import Algorithm
 from yatt.balance.micro_batches import micro_batch_rows, pack_by_tokens, padded_tokens
 from yatt.config import AlgorithmConfig, TrainerConfig
-from yatt.algorithms.objective import Algorithm
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.tensors import TokenBatch
@@ -35,8 +35,12 @@ def test_count_based_rows_and_bad_budget():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "m", TinyModelConfig(hidden_size=64,
-                            intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "m",
+        TinyModelConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
+        ),
+    )
 
 
 def test_token_budget_gives_the_same_update_as_count_based(tiny):
@@ -47,9 +51,11 @@ def test_token_budget_gives_the_same_update_as_count_based(tiny):
     results = []
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     # by count; by padded tokens (4 micro-batches); packed: by real tokens
-    for cfg, count in ((TrainerConfig(lr=1e-2, micro_batch_size=8, micro_batch_tokens=0), 1),
-                       (TrainerConfig(lr=1e-2, micro_batch_tokens=30, pack_sequences=False), 4),
-                       (TrainerConfig(lr=1e-2, micro_batch_tokens=30), len(pack_by_tokens(lengths, 30, padded=False)))):
+    for cfg, count in (
+        (TrainerConfig(lr=1e-2, micro_batch_size=8, micro_batch_tokens=0), 1),
+        (TrainerConfig(lr=1e-2, micro_batch_tokens=30, pack_sequences=False), 4),
+        (TrainerConfig(lr=1e-2, micro_batch_tokens=30), len(pack_by_tokens(lengths, 30, padded=False))),
+    ):
         torch.manual_seed(0)
         trainer = TorchTrainer(tiny, cfg, world)
         batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)

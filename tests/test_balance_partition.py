@@ -5,14 +5,7 @@ import random
 
 import pytest
 
-from yatt.balance import (
-    PARTITIONERS,
-    get_partitioner,
-    greedy_partition,
-    imbalance,
-    karmarkar_karp,
-    sample_workload,
-)
+from yatt.balance import PARTITIONERS, get_partitioner, greedy_partition, imbalance, karmarkar_karp, sample_workload
 
 BOTH = [karmarkar_karp, greedy_partition]
 

@@ -15,9 +15,31 @@ pytestmark = needs_megatron
 
 
 def test_tp2_holds_half_the_state_of_the_torch_backend(tmp_path):
-    cmd = [sys.executable, str(REPO / "benchmarks/trainers.py"), "--hidden", "128", "--layers", "2",
-           "--intermediate", "256", "--heads", "4", "--kv-heads", "2", "--vocab", "1024", "--samples", "4",
-           "--steps", "1", "--variants", "torch", "megatron TP=2", "--out", str(tmp_path / "trainers")]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks/trainers.py"),
+        "--hidden",
+        "128",
+        "--layers",
+        "2",
+        "--intermediate",
+        "256",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--vocab",
+        "1024",
+        "--samples",
+        "4",
+        "--steps",
+        "1",
+        "--variants",
+        "torch",
+        "megatron TP=2",
+        "--out",
+        str(tmp_path / "trainers"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "trainers.json").read_text())

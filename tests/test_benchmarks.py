@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from e2e import DIGITS, ONE_TOKEN_GRPO, env, experiment
+
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,10 +21,14 @@ BENCH = REPO / "benchmarks"
 
 def run(script: str, *args: str, cwd: Path, torchrun: bool = False, timeout: int = 600) -> str:
     """`python benchmarks/<script> args` (or under torchrun with 2 ranks) from `cwd`; its stdout."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] \
-        if torchrun else [sys.executable]
-    proc = subprocess.run([*launcher, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env(), cwd=cwd)
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        if torchrun
+        else [sys.executable]
+    )
+    proc = subprocess.run(
+        [*launcher, str(BENCH / script), *args], capture_output=True, text=True, timeout=timeout, env=env(), cwd=cwd
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
@@ -38,8 +42,17 @@ def results(path: Path, tmp_path: Path) -> dict:
 
 
 def test_balance(tmp_path):
-    run("balance.py", "--reps", "1", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "balance.json"),
-        cwd=tmp_path, torchrun=True)
+    run(
+        "balance.py",
+        "--reps",
+        "1",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--out",
+        str(tmp_path / "balance.json"),
+        cwd=tmp_path,
+        torchrun=True,
+    )
     report = results(tmp_path / "balance.json", tmp_path)
     rows = {r["setup"]: r for r in report["rows"]}
     assert list(rows) == ["none", "balance", "balance+"] and report["world_size"] == 2
@@ -50,8 +63,22 @@ def test_balance(tmp_path):
 
 def test_checkpoint(tmp_path):
     small = write_tiny_model(tmp_path / "small", DIGITS)  # stands in for the quickstart policy
-    run("checkpoint.py", "--saves", "2", "--saves-small", "1", "--hidden", "48", "--layers", "1", "--quickstart",
-        str(small), "--out", str(tmp_path / "checkpoint.json"), cwd=tmp_path)
+    run(
+        "checkpoint.py",
+        "--saves",
+        "2",
+        "--saves-small",
+        "1",
+        "--hidden",
+        "48",
+        "--layers",
+        "1",
+        "--quickstart",
+        str(small),
+        "--out",
+        str(tmp_path / "checkpoint.json"),
+        cwd=tmp_path,
+    )
     models = results(tmp_path / "checkpoint.json", tmp_path)["results"]
     assert [m["model"] for m in models] == ["quickstart", "qwen2-h48x1"]
     for m, saves in zip(models, (1, 2)):
@@ -62,8 +89,20 @@ def test_checkpoint(tmp_path):
 
 @pytest.mark.engine
 def test_engines(tmp_path):
-    run("engines.py", "--hidden", "384", "--layers", "1", "--repeats-100m", "1", "--quickstart", str(tmp_path / "none"),
-        "--out", str(tmp_path / "engines"), cwd=tmp_path)
+    run(
+        "engines.py",
+        "--hidden",
+        "384",
+        "--layers",
+        "1",
+        "--repeats-100m",
+        "1",
+        "--quickstart",
+        str(tmp_path / "none"),
+        "--out",
+        str(tmp_path / "engines"),
+        cwd=tmp_path,
+    )
     report = results(tmp_path / "engines.json", tmp_path)
     (workload,) = report["results"]
     assert workload["workload"] == "qwen2-h384x1" and list(workload["engines"]) == ["vllm", "hf"]
@@ -75,8 +114,22 @@ def test_engines(tmp_path):
 
 
 def test_wire(tmp_path):
-    out = run("wire.py", "--junk-mb", "1", "--attackers", "1", "--calls", "2", "--new-tokens", "2", "--model",
-              str(tmp_path / "none"), "--out", str(tmp_path / "wire.json"), cwd=tmp_path)
+    out = run(
+        "wire.py",
+        "--junk-mb",
+        "1",
+        "--attackers",
+        "1",
+        "--calls",
+        "2",
+        "--new-tokens",
+        "2",
+        "--model",
+        str(tmp_path / "none"),
+        "--out",
+        str(tmp_path / "wire.json"),
+        cwd=tmp_path,
+    )
     report = results(tmp_path / "wire.json", tmp_path)
     assert report["attackers"] == 1 and report["junk_mb"] >= 1.0
     assert report["rpc_stats"]["refused_handshakes"] > 0  # the keyless senders never got through the handshake
@@ -87,8 +140,16 @@ def test_wire(tmp_path):
 
 @pytest.mark.engine
 def test_placement(tmp_path):
-    run("placement.py", "--steps", "1", "--skip-quickstart", "--out", str(tmp_path / "placement"), cwd=tmp_path,
-        timeout=900)
+    run(
+        "placement.py",
+        "--steps",
+        "1",
+        "--skip-quickstart",
+        "--out",
+        str(tmp_path / "placement"),
+        cwd=tmp_path,
+        timeout=900,
+    )
     report = results(tmp_path / "placement.json", tmp_path)
     assert list(report) == ["long_tail"] and list(report["long_tail"]) == ["full", "partial"]
     for mode in report["long_tail"].values():
@@ -99,11 +160,30 @@ def test_placement(tmp_path):
 
 def test_step_time_trainer(tmp_path):
     """The 100m workload's trainer-only path, on a tiny model: the reference and one option, with the drift."""
-    model = write_tiny_model(tmp_path / "model", TinyModelConfig(alphabet=DIGITS.alphabet, hidden_size=32,
-                                                                 intermediate_size=64, num_hidden_layers=1,
-                                                                 max_position_embeddings=256))
-    run("step_time.py", "--workload", "100m", "--model", str(model), "--trainer-steps", "1", "--variants",
-        "+packed", "--out", str(tmp_path / "step_time"), cwd=tmp_path)
+    model = write_tiny_model(
+        tmp_path / "model",
+        TinyModelConfig(
+            alphabet=DIGITS.alphabet,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            max_position_embeddings=256,
+        ),
+    )
+    run(
+        "step_time.py",
+        "--workload",
+        "100m",
+        "--model",
+        str(model),
+        "--trainer-steps",
+        "1",
+        "--variants",
+        "+packed",
+        "--out",
+        str(tmp_path / "step_time"),
+        cwd=tmp_path,
+    )
     report = results(tmp_path / "step_time.json", tmp_path)
     assert "quickstart" not in report and report["settings"]["model"] == "model"
     rows = report["100m"]
@@ -117,8 +197,21 @@ def test_step_time_trainer(tmp_path):
 def test_step_time_rl_runs(tmp_path):
     """The quickstart workload: real 2-rank RL runs of a config (here the e2e tests' tiny one), one per variant."""
     config = experiment(tmp_path, ONE_TOKEN_GRPO)
-    run("step_time.py", "--workload", "quickstart", "--config", str(config), "--steps", "4", "--variants",
-        "all (defaults)", "--out", str(tmp_path / "step_time"), cwd=tmp_path, timeout=900)
+    run(
+        "step_time.py",
+        "--workload",
+        "quickstart",
+        "--config",
+        str(config),
+        "--steps",
+        "4",
+        "--variants",
+        "all (defaults)",
+        "--out",
+        str(tmp_path / "step_time"),
+        cwd=tmp_path,
+        timeout=900,
+    )
     rows = results(tmp_path / "step_time.json", tmp_path)["quickstart"]
     assert [r["variant"] for r in rows] == ["all off", "all (defaults)"]
     for r in rows:

@@ -9,8 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-
-from e2e import JUDGE_TINY, genrm_reward, env, experiment, torchrun_args
+from e2e import JUDGE_TINY, env, experiment, genrm_reward, torchrun_args
 
 pytestmark = pytest.mark.engine
 ADDRESS = "10.77.0.1"
@@ -24,20 +23,30 @@ def namespace_available() -> bool:
 
 @pytest.mark.skipif(not namespace_available(), reason="needs root, unshare and ip for a private network namespace")
 def test_partial_placement_over_a_non_loopback_address(tmp_path):
-    config = experiment(tmp_path, f"""
+    config = experiment(
+        tmp_path,
+        f"""
 rollout: {{group_size: 8, max_new_tokens: 2, engine: {{backend: hf, bind: 0.0.0.0}}}}
-{genrm_reward(tmp_path, '{backend: hf, bind: 0.0.0.0}')}trainer: {{lr: 0.01, micro_batch_size: 32}}
-run: {{name: bind, output_dir: {tmp_path / 'runs'}, steps: 1, eval_every: 0}}
-""", model=JUDGE_TINY, name="bind.yaml")
+{genrm_reward(tmp_path, "{backend: hf, bind: 0.0.0.0}")}trainer: {{lr: 0.01, micro_batch_size: 32}}
+run: {{name: bind, output_dir: {tmp_path / "runs"}, steps: 1, eval_every: 0}}
+""",
+        model=JUDGE_TINY,
+        name="bind.yaml",
+    )
     args = torchrun_args(config, "--placement", "partial")
     args[3:3] = ["--master_addr", ADDRESS, "--master_port", "29531"]  # after "-m torch.distributed.run"
     script = f"ip link set lo up && ip addr add {ADDRESS}/24 dev lo && exec {shlex.join(args)}"
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=600,
-                          env=env(), cwd=tmp_path)
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script], capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "bind"
-    served = [line for log in sorted((run_dir / "logs").glob("engine-*.log"))
-              for line in log.read_text().splitlines() if "serving on" in line]
+    served = [
+        line
+        for log in sorted((run_dir / "logs").glob("engine-*.log"))
+        for line in log.read_text().splitlines()
+        if "serving on" in line
+    ]
     assert len(served) == 4, served  # a rollout engine and a judge engine per rank
     assert all(f"serving on tcp://{ADDRESS}:" in line for line in served), served
     step = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from chat_tokenizer import chat_tokenizer
 from transformers import BatchEncoding
 
-from chat_tokenizer import chat_tokenizer
 from yatt.config import ExperimentConfig
 from yatt.config_loading import ConfigError, load_config
 from yatt.data.config import GymSource
@@ -30,16 +30,26 @@ def test_chat_prompt_ids_are_ints_and_render_the_template(tmp_path):
     row = read_jsonl_shard([path], 0, 1)[0]
     ids = row.prompt_ids(tok)
     assert ids and all(type(t) is int for t in ids)
-    assert tok.decode(ids) == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-                               "Face<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n")
+    assert tok.decode(ids) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert tok.convert_ids_to_tokens(ids[:1]) == ["<|im_start|>"]  # the special token, not its characters
     # what this transformers version returns for tokenize=True (a BatchEncoding in 5.x) gives the same ids
     raw = tok.apply_chat_template(row.messages, add_generation_prompt=True, tokenize=True)
     assert flat_ids(raw, "x") == ids
 
 
-@pytest.mark.parametrize("encoded", [[1, 2, 3], [[1, 2, 3]], torch.tensor([1, 2, 3]), torch.tensor([[1, 2, 3]]),
-                                     BatchEncoding({"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]})])
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        [1, 2, 3],
+        [[1, 2, 3]],
+        torch.tensor([1, 2, 3]),
+        torch.tensor([[1, 2, 3]]),
+        BatchEncoding({"input_ids": [1, 2, 3], "attention_mask": [1, 1, 1]}),
+    ],
+)
 def test_flat_ids_accepts_the_shapes_tokenizers_return(encoded):
     assert flat_ids(encoded, "row") == [1, 2, 3]
 
@@ -70,8 +80,9 @@ def test_chat_row_needs_a_template(tmp_path):
 def test_reasoning_gym_chat_rows_use_system_prompt_and_instruction():
     tok = chat_tokenizer()
     gym = {"kind": "reasoning_gym", "dataset": "basic_arithmetic", "size": 4, "seed": 1}
-    rows = load_shard(GymSource(**gym, chat=True, system_prompt="Be brief.",
-                                instruction="{question}\nAnswer with a number."), 0, 1)
+    rows = load_shard(
+        GymSource(**gym, chat=True, system_prompt="Be brief.", instruction="{question}\nAnswer with a number."), 0, 1
+    )
     plain = load_shard(GymSource(**gym), 0, 1)
     assert rows[0].prompt is None and rows[0].messages[0] == {"role": "system", "content": "Be brief."}
     assert rows[0].messages[1]["content"] == plain[0].prompt + "\nAnswer with a number."
@@ -79,9 +90,16 @@ def test_reasoning_gym_chat_rows_use_system_prompt_and_instruction():
     assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>") and text.endswith("<|im_start|>assistant\n")
 
 
-GSM8K_CHAT = {"kind": "parquet", "prompt_key": "question", "answer_key": "answer", "answer_regex": r"####\s*(.+)$",
-              "data_source": "last_number", "chat": True, "system_prompt": "Think step by step.",
-              "instruction": "{question}\nEnd with: the answer is N."}
+GSM8K_CHAT = {
+    "kind": "parquet",
+    "prompt_key": "question",
+    "answer_key": "answer",
+    "answer_regex": r"####\s*(.+)$",
+    "data_source": "last_number",
+    "chat": True,
+    "system_prompt": "Think step by step.",
+    "instruction": "{question}\nEnd with: the answer is N.",
+}
 
 
 def test_file_source_chat_renders_the_prompt_column_through_the_template(tmp_path):
@@ -90,17 +108,30 @@ def test_file_source_chat_renders_the_prompt_column_through_the_template(tmp_pat
     evaluates; the answer column is still read through answer_regex."""
     tok = chat_tokenizer()
     path = tmp_path / "gsm8k.parquet"
-    pq.write_table(pa.Table.from_pylist([{"question": f"Tom has {i} apples and buys 2. How many?",
-                                          "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(4)]), path)
-    cfg = ExperimentConfig(model={"path": str(tmp_path)}, data={"train": {**GSM8K_CHAT, "files": [str(path)]},
-                                                                 "eval": {**GSM8K_CHAT, "files": [str(path)]}})
+    pq.write_table(
+        pa.Table.from_pylist(
+            [
+                {"question": f"Tom has {i} apples and buys 2. How many?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
+                for i in range(4)
+            ]
+        ),
+        path,
+    )
+    cfg = ExperimentConfig(
+        model={"path": str(tmp_path)},
+        data={"train": {**GSM8K_CHAT, "files": [str(path)]}, "eval": {**GSM8K_CHAT, "files": [str(path)]}},
+    )
     data = load_rank_data(cfg, ONE, tok)
     row = data.train[1]
-    assert row.prompt is None and row.answer == "3" and row.question() == (
-        "Tom has 1 apples and buys 2. How many?\nEnd with: the answer is N.")
+    assert (
+        row.prompt is None
+        and row.answer == "3"
+        and row.question() == ("Tom has 1 apples and buys 2. How many?\nEnd with: the answer is N.")
+    )
     assert tok.decode(data.eval_prompt_ids[1]) == (
         "<|im_start|>system\nThink step by step.<|im_end|>\n<|im_start|>user\nTom has 1 apples and buys 2. How "
-        "many?\nEnd with: the answer is N.<|im_end|>\n<|im_start|>assistant\n")
+        "many?\nEnd with: the answer is N.<|im_end|>\n<|im_start|>assistant\n"
+    )
     plain = load_shard(cfg.data.train.model_copy(update={"chat": False}), 0, 1)  # the default: raw text
     assert plain[1].messages is None and tok.decode(plain[1].prompt_ids(tok)) == plain[1].prompt
 
@@ -108,8 +139,10 @@ def test_file_source_chat_renders_the_prompt_column_through_the_template(tmp_pat
 def test_file_source_chat_without_a_system_prompt(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"prompt": "2+3=", "answer": "5"}) + "\n")
-    cfg = ExperimentConfig(model={"path": "m"}, data={"train": {"kind": "jsonl", "files": [str(path)], "chat": True,
-                                                                "system_prompt": None}})
+    cfg = ExperimentConfig(
+        model={"path": "m"},
+        data={"train": {"kind": "jsonl", "files": [str(path)], "chat": True, "system_prompt": None}},
+    )
     (row,) = load_shard(cfg.data.train, 0, 1)
     assert row.messages == [{"role": "user", "content": "2+3="}]
 
@@ -118,8 +151,12 @@ def test_file_source_chat_refuses_a_messages_row_naming_it(tmp_path):
     """With chat: true every row gets the source's system prompt and instruction; a row that is a chat already
     would silently escape them."""
     path = tmp_path / "mixed.jsonl"
-    path.write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n"
-                    + json.dumps({"messages": [{"role": "user", "content": "1+2="}], "answer": "3"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "1+1=", "answer": "2"})
+        + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "1+2="}], "answer": "3"})
+        + "\n"
+    )
     train = {"kind": "jsonl", "files": [str(path)]}
     assert len(load_shard(ExperimentConfig(model={"path": "m"}, data={"train": train}).data.train, 0, 1)) == 2
     chat = ExperimentConfig(model={"path": "m"}, data={"train": {**train, "chat": True}}).data.train
@@ -136,9 +173,14 @@ def test_instruction_needs_the_question_in_every_source(tmp_path):
 
 
 def _cfg(tmp_path, train, eval_=None, **data):
-    return ExperimentConfig(model={"path": str(tmp_path)}, data={
-        "train": {"kind": "jsonl", "files": [str(train)]},
-        **({"eval": {"kind": "jsonl", "files": [str(eval_)]}} if eval_ else {}), **data})
+    return ExperimentConfig(
+        model={"path": str(tmp_path)},
+        data={
+            "train": {"kind": "jsonl", "files": [str(train)]},
+            **({"eval": {"kind": "jsonl", "files": [str(eval_)]}} if eval_ else {}),
+            **data,
+        },
+    )
 
 
 def test_bad_rows_stop_before_engines_naming_the_row(tmp_path):

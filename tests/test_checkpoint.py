@@ -59,8 +59,14 @@ def test_two_rank_save_commits_verifies_and_points_latest(tmp_path):
     folder = save(tmp_path, 2)
     manifest = verify(folder)
     assert manifest["step"] == 2 and manifest["world_size"] == 2
-    assert set(manifest["files"]) == {"rank0.safetensors", "rank0.json", "rank1.safetensors", "rank1.json",
-                                      "shared.safetensors", "shared.json"}
+    assert set(manifest["files"]) == {
+        "rank0.safetensors",
+        "rank0.json",
+        "rank1.safetensors",
+        "rank1.json",
+        "shared.safetensors",
+        "shared.json",
+    }
     assert (tmp_path / LATEST).read_text().strip() == "step-00000002"
     assert load_part(folder, "rank1")["progress"] == {"step": 2, "rank": 1}
     assert torch.equal(load_part(folder, "shared")["weights"]["w"], torch.full((64,), 2.0))
@@ -154,13 +160,27 @@ def test_export_hf_writes_a_loadable_policy_listed_in_the_manifest(tmp_path):
     from yatt.checkpoint.export import export_snapshot
     from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
-    src = write_tiny_model(tmp_path / "m", TinyModelConfig(alphabet="0123456789", hidden_size=16,
-                                                           intermediate_size=32, num_hidden_layers=1,
-                                                           num_attention_heads=2, num_key_value_heads=1))
+    src = write_tiny_model(
+        tmp_path / "m",
+        TinyModelConfig(
+            alphabet="0123456789",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        ),
+    )
     model, tokenizer = AutoModelForCausalLM.from_pretrained(src), AutoTokenizer.from_pretrained(src)
     snap = snapshot({"trainer": {"model": dict(model.named_parameters())}})
-    export = partial(export_snapshot, snap=snap, key="trainer", hf_weights=lambda state: state["model"],
-                     hf_config=model.config, tokenizer=tokenizer)
+    export = partial(
+        export_snapshot,
+        snap=snap,
+        key="trainer",
+        hf_weights=lambda state: state["model"],
+        hf_config=model.config,
+        tokenizer=tokenizer,
+    )
     writer = CheckpointWriter(tmp_path / "ck", 0, 1, "t", keep=1)
     (tmp_path / "ck").mkdir()
     writer.submit(SaveJob(1, {"shared": snap}, export=export))
@@ -195,8 +215,10 @@ def _checkpointer(tmp_path, **writer_kw):
     from yatt.models.tiny import write_tiny_model
 
     policy = write_tiny_model(tmp_path / "policy")  # the config fingerprint reads the model's config.json
-    cfg = load_experiment("configs/quickstart.yaml", [f"run.output_dir={tmp_path}", f"model.path={policy}",
-                                                      f"checkpoint.dir={tmp_path / 'ck'}"])
+    cfg = load_experiment(
+        "configs/quickstart.yaml",
+        [f"run.output_dir={tmp_path}", f"model.path={policy}", f"checkpoint.dir={tmp_path / 'ck'}"],
+    )
     return Checkpointer(cfg, World(0, 1, 0, torch.device("cpu")), **writer_kw)
 
 
@@ -213,8 +235,12 @@ def test_replaced_checkpoints_are_set_aside_until_this_launch_commits(tmp_path):
     assert checkpoints.replace_newer(0) == root / "replaced" / "2"  # --resume none --overwrite: start over
     assert not (root / LATEST).exists() and not list(root.glob("step-*"))
     assert checkpoints.find("auto") is None  # nothing set aside is ever resumed
-    kept = {p.relative_to(root / "replaced" / n): p.read_bytes() for n in "12"
-            for p in (root / "replaced" / n).rglob("*") if p.is_file()}
+    kept = {
+        p.relative_to(root / "replaced" / n): p.read_bytes()
+        for n in "12"
+        for p in (root / "replaced" / n).rglob("*")
+        if p.is_file()
+    }
     assert kept == before  # every byte of both checkpoints, until ...
     checkpoints.save(6, _Source())
     checkpoints.finish()  # ... this launch's first checkpoint commits

@@ -20,12 +20,19 @@ HERE = Path(__file__).resolve().parent
 
 def test_sigkill_during_writes_never_exposes_a_partial_checkpoint(tmp_path):
     root, rng = tmp_path / "ckpt", random.Random(1234)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")]),
+    }
     best, partial_seen = 0, 0
     for rep in range(12):
-        proc = subprocess.Popen([sys.executable, str(HERE / "checkpoint_crash_writer.py"), str(root),
-                                 str(rng.choice([0.0, 0.005, 0.02]))], stdout=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "checkpoint_crash_writer.py"), str(root), str(rng.choice([0.0, 0.005, 0.02]))],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.6))
         proc.send_signal(signal.SIGKILL)

@@ -7,19 +7,22 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from e2e import ONE_TOKEN_GRPO, experiment, torchrun
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.engine
 # wall-clock measurements, the only fields allowed to differ
 TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_busy_s")
-PPO = ONE_TOKEN_GRPO.replace("algorithm: {mini_batches: 2}",
-                             "algorithm: {mini_batches: 2, advantage: {kind: gae, lam: 0.95}}") + """
+PPO = (
+    ONE_TOKEN_GRPO.replace(
+        "algorithm: {mini_batches: 2}", "algorithm: {mini_batches: 2, advantage: {kind: gae, lam: 0.95}}"
+    )
+    + """
 critic: {lr: 0.01, warmup_steps: 1}
 checkpoint: {every: 2, keep: 2}
 run: {name: r, steps: 4, eval_every: 2}
 """
+)
 
 
 def comparable(run_dir: Path) -> list[dict]:
@@ -36,8 +39,14 @@ def test_a_resumed_ppo_run_matches_the_uninterrupted_one(tmp_path):
     config = experiment(tmp_path, PPO)
 
     def run(out: str, *args: str) -> str:
-        done = torchrun(config, f"run.output_dir={tmp_path / out}", "rollout.engine.backend=hf",
-                        "rollout.engine.vllm=null", *args, cwd=tmp_path)
+        done = torchrun(
+            config,
+            f"run.output_dir={tmp_path / out}",
+            "rollout.engine.backend=hf",
+            "rollout.engine.vllm=null",
+            *args,
+            cwd=tmp_path,
+        )
         assert done.returncode == 0 and "done:" in done.stdout, (done.stdout + done.stderr)[-3000:]
         return done.stdout
 
@@ -51,8 +60,9 @@ def test_a_resumed_ppo_run_matches_the_uninterrupted_one(tmp_path):
     assert [r["step"] for r in got] == [0, 1, 2, 3, 4] and "critic/value_loss" in got[-1]
     assert expected[1]["critic/warmup"] == 1.0 and expected[3]["critic/warmup"] == 0.0
     for want, have in zip(expected, got):
-        assert want == have, {k: (want.get(k), have.get(k)) for k in set(want) | set(have)
-                              if want.get(k) != have.get(k)}
+        assert want == have, {
+            k: (want.get(k), have.get(k)) for k in set(want) | set(have) if want.get(k) != have.get(k)
+        }
     a, b = critic_state(full), critic_state(chain)
     assert any("/model/score." in k for k in a) and any("/optimizer/" in k for k in a)
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)

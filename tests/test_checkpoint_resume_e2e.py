@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from e2e import ONE_TOKEN_GRPO, env, experiment, process_tree, torchrun_args
+from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
@@ -25,16 +24,26 @@ TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_b
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("resume")
-    config = experiment(tmp, f"""
+    config = experiment(
+        tmp,
+        f"""
 {ONE_TOKEN_GRPO}checkpoint: {{every: 2, keep: 2}}
 run: {{name: r, steps: {STEPS}, eval_every: 3}}
-""", name="resume.yaml")
+""",
+        name="resume.yaml",
+    )
     return tmp, config
 
 
 def launch(tmp: Path, config: Path, out: str, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(torchrun_args(config, f"run.output_dir={tmp / out}", *args), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env(), cwd=tmp)
+    return subprocess.Popen(
+        torchrun_args(config, f"run.output_dir={tmp / out}", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(),
+        cwd=tmp,
+    )
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -83,7 +92,7 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninte
     assert "received SIGTERM at step" in out and "resume with --resume auto" in out, out[-3000:]
     stopped = int(out.split("received SIGTERM at step ")[1].split(":")[0])
     assert 2 <= stopped < STEPS and (ckpts / f"step-{stopped:08d}" / "manifest.json").is_file()
-    assert "launch/train.py\", line" not in out, out[-3000:]  # no rank failed (torchrun itself reports the signal)
+    assert 'launch/train.py", line' not in out, out[-3000:]  # no rank failed (torchrun itself reports the signal)
 
     # 2. resume, then kill -9 everything while the next checkpoint is being written in the background
     proc = launch(tmp, config, "chain", "--resume", "auto", "checkpoint.debug_write_delay_s=1.0")
@@ -103,8 +112,9 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninte
     assert logged_steps(run_dir) == list(range(STEPS + 1))
     expected, got = comparable(uninterrupted), comparable(run_dir)
     for want, have in zip(expected, got):
-        assert want == have, {k: (want.get(k), have.get(k)) for k in set(want) | set(have)
-                              if want.get(k) != have.get(k)}
+        assert want == have, {
+            k: (want.get(k), have.get(k)) for k in set(want) | set(have) if want.get(k) != have.get(k)
+        }
     a = load_file(uninterrupted / "policy" / "model.safetensors")
     b = load_file(run_dir / "policy" / "model.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)

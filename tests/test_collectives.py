@@ -46,6 +46,7 @@ def lockstep(records: list[dict]) -> list[dict]:
 
 # ---- the backend choice ---------------------------------------------------------------------------
 
+
 def test_backend_for_routes_cpu_tensors_to_gloo_and_cuda_tensors_to_nccl():
     assert BackendConfig(Backend(backend_for(True))).get_device_backend_map() == {"cpu": "gloo", "cuda": "nccl"}
     assert BackendConfig(Backend(backend_for(False))).get_device_backend_map()["cpu"] == "gloo"
@@ -60,8 +61,14 @@ def test_torchrun_is_detected_from_its_environment():
 
 def test_a_plain_run_is_a_groupless_world_of_one(tmp_path, monkeypatch):
     monkeypatch.setenv(RECORD_ENV, str(tmp_path))
-    for var in ["WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
-                *(k for k in os.environ if k.startswith("TORCHELASTIC_"))]:
+    for var in [
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        *(k for k in os.environ if k.startswith("TORCHELASTIC_")),
+    ]:
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     world = init_world()
@@ -83,6 +90,7 @@ def test_world_refuses_device_tensors():
 
 # ---- under a group with one backend per device type -------------------------------------------------
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,23 +103,35 @@ def _worker(rank: int, tmp: str, port: int) -> None:
     # The CPU build has no NCCL, so cuda:gloo stands in for cuda:nccl: the same per-device dispatch.
     dist.init_process_group("cpu:gloo,cuda:gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
     world = World(rank, 2, rank, torch.device("cpu"))
-    out = {"object_device": _get_object_coll_device(),
-           "sum": world.sum([1.0, float(rank)]), "max": world.max([float(rank), -1.0]),
-           "gathered": [t.tolist() for t in world.all_gather(torch.arange(3 * rank, dtype=torch.int64).view(-1, 3))],
-           "object": world.broadcast_object(f"from {rank}")}
+    out = {
+        "object_device": _get_object_coll_device(),
+        "sum": world.sum([1.0, float(rank)]),
+        "max": world.max([float(rank), -1.0]),
+        "gathered": [t.tolist() for t in world.all_gather(torch.arange(3 * rank, dtype=torch.int64).view(-1, 3))],
+        "object": world.broadcast_object(f"from {rank}"),
+    }
     world.barrier()
     if rank == 0:
         world.publish("endpoint", "tcp://x")
     out["lookup"] = world.lookup("endpoint")
     peer = 1 - rank
     ints, floats = torch.empty(2 + peer, dtype=torch.int64), torch.empty(1, dtype=torch.float64)
-    world.exchange({peer: [torch.full((2 + rank,), rank), torch.tensor([rank + 0.5], dtype=torch.float64)]},
-                   {peer: [ints, floats]})
+    world.exchange(
+        {peer: [torch.full((2 + rank,), rank), torch.tensor([rank + 0.5], dtype=torch.float64)]}, {peer: [ints, floats]}
+    )
     out["received"] = [ints.tolist(), floats.tolist()]
     close_world()
     if rank == 0:  # torchrun with one process: the group exists and World issues its ops through it
-        os.environ.update({RECORD_ENV: f"{tmp}/one", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                           "WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"})
+        os.environ.update(
+            {
+                RECORD_ENV: f"{tmp}/one",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "WORLD_SIZE": "1",
+                "RANK": "0",
+                "LOCAL_RANK": "0",
+            }
+        )
         one = init_world()
         out["one"] = {"grouped": dist.is_initialized(), "sum": one.sum([2.0]), "object": one.broadcast_object(7)}
         one.barrier()
@@ -154,11 +174,24 @@ def test_world_ops_are_recorded_as_cpu_gloo_ops_in_lockstep(mixed_group):
 def test_gpu_check_script_passes_here(tmp_path):
     """scripts/gpu_check_collectives.py (World's ops and a DDP step on torchrun's group) works before a GPU is lent."""
     from e2e import env
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           str(REPO / "scripts/gpu_check_collectives.py")],
-                          capture_output=True, text=True, timeout=300, env=env(), cwd=tmp_path)
+
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            str(REPO / "scripts/gpu_check_collectives.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert report["ok"] and report["checks"]["exchange"] and report["checks"]["backends as chosen"], report
 
 
@@ -173,10 +206,14 @@ MODEL_PARALLEL_OWNERS = {"yatt/trainers/megatron_"}
 
 def distributed_calls(source: str) -> list[str]:
     """torch.distributed uses in `source` other than the allowed queries."""
-    found = [m.group(0) for m in re.finditer(r"\b(?:torch\.distributed|dist)\.(\w+)", source)
-             if m.group(1) not in ALLOWED_DIST]
-    found += re.findall(r"^\s*(?:from torch\.distributed\S* import .*|from torch import distributed.*)$", source,
-                        re.MULTILINE)
+    found = [
+        m.group(0)
+        for m in re.finditer(r"\b(?:torch\.distributed|dist)\.(\w+)", source)
+        if m.group(1) not in ALLOWED_DIST
+    ]
+    found += re.findall(
+        r"^\s*(?:from torch\.distributed\S* import .*|from torch import distributed.*)$", source, re.MULTILINE
+    )
     return found
 
 
@@ -204,6 +241,7 @@ def test_only_yatt_distributed_issues_collectives():
 
 # ---- engines see only their rank's GPU ---------------------------------------------------------------
 
+
 def test_engine_sees_only_its_ranks_gpu():
     assert device_env(torch.device("cpu"), "0,1") == {}  # CPU: the environment is left alone
     assert device_env(torch.device("cuda", 1), None) == {"CUDA_VISIBLE_DEVICES": "1"}
@@ -218,6 +256,7 @@ def test_engine_sees_only_its_ranks_gpu():
 def test_engine_env_pins_to_the_spawning_ranks_gpu(monkeypatch):
     from yatt.engines import client
     from yatt.engines.config import EngineConfig
+
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     assert client.engine_env(EngineConfig())["CUDA_VISIBLE_DEVICES"] == "4,6"  # CPU machine: left alone
     monkeypatch.setattr(client, "_current_device", lambda: torch.device("cuda", 1))  # init_world's set_device

@@ -23,8 +23,10 @@ def write_config(tmp_path: Path, model_dir: Path, extra: str = "", model_path: s
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
     path = tmp_path / "exp.yaml"
-    path.write_text(f"model: {{path: {model_path or model_dir}}}\n"
-                    f"data:\n  train: {{kind: jsonl, files: [{data}]}}\n  prompts_per_step: 4\n  max_prompt_tokens: 64\n{extra}")
+    path.write_text(
+        f"model: {{path: {model_path or model_dir}}}\n"
+        f"data:\n  train: {{kind: jsonl, files: [{data}]}}\n  prompts_per_step: 4\n  max_prompt_tokens: 64\n{extra}"
+    )
     return path
 
 
@@ -66,13 +68,17 @@ def test_validation_does_not_change_values(tmp_path, model_dir):
 
 def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_path, model_dir):
     path = write_config(tmp_path, model_dir)
-    cases = {"trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: megatron, torch",
-             "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
-             "algorithm.advantage.kind=ppo": ("unknown algorithm.advantage.kind 'ppo'; registered: gae, gpg, grpo, "
-                                              "grpo_passk, opo, reinforce_pp, reinforce_pp_baseline, remax, rloo"),
-             "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: gspo, ppo_clip",
-             "algorithm.loss_agg=sum": "unknown algorithm.loss_agg 'sum'",
-             "algorithm.kl_estimator=k4": "unknown algorithm.kl_estimator 'k4'; registered: abs, k1, k1+, k2, k3, k3+"}
+    cases = {
+        "trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: megatron, torch",
+        "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
+        "algorithm.advantage.kind=ppo": (
+            "unknown algorithm.advantage.kind 'ppo'; registered: gae, gpg, grpo, "
+            "grpo_passk, opo, reinforce_pp, reinforce_pp_baseline, remax, rloo"
+        ),
+        "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: gspo, ppo_clip",
+        "algorithm.loss_agg=sum": "unknown algorithm.loss_agg 'sum'",
+        "algorithm.kl_estimator=k4": "unknown algorithm.kl_estimator 'k4'; registered: abs, k1, k1+, k2, k3, k3+",
+    }
     for override, message in cases.items():
         with pytest.raises(ConfigError) as err:
             load_experiment(path, [override])
@@ -95,7 +101,11 @@ def test_impossible_combinations(tmp_path, model_dir):
         check_run(load_experiment(path, ["data.max_prompt_tokens=200"]), 1, str(path))
     with pytest.raises(ConfigError, match="split evenly over 3 data-parallel ranks"):
         check_run(load_experiment(path), 3, str(path))
-    megatron = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "trainer.megatron.pipeline_parallel=2"]
+    megatron = [
+        "trainer.backend=megatron",
+        "trainer.megatron.tensor_parallel=2",
+        "trainer.megatron.pipeline_parallel=2",
+    ]
     with pytest.raises(ConfigError, match="tensor_parallel x pipeline_parallel = 4 must divide the 2 ranks"):
         check_run(load_experiment(path, megatron), 2, str(path))
 
@@ -104,13 +114,18 @@ def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
     """trainer.megatron and rollout.engine.vllm are validated by their backend's class when it is selected,
     and are errors naming it when it is not; null drops one (how an override switches the backend)."""
     path = write_config(tmp_path, model_dir)
-    cases = {("trainer.megatron.tensor_parallel=3",):
-             "trainer: megatron is set but backend is torch; remove it (or set it to null) or set backend=megatron",
-             ("rollout.engine.backend=hf", "rollout.engine.vllm.kv_cache_gib=0.5"):
-             "rollout.engine: vllm is set but backend is hf; remove it (or set it to null) or set backend=vllm",
-             ("trainer.backend=megatron", "trainer.megatron.tp=2"): "trainer.megatron.tp: unknown key",
-             ("rollout.engine.vllm.kv_cache_gib=0",): "rollout.engine.vllm.kv_cache_gib: Input should be greater",
-             ("rollout.engine.kv_cache_gib=0.5",): "rollout.engine.kv_cache_gib: unknown key"}
+    cases = {
+        (
+            "trainer.megatron.tensor_parallel=3",
+        ): "trainer: megatron is set but backend is torch; remove it (or set it to null) or set backend=megatron",
+        (
+            "rollout.engine.backend=hf",
+            "rollout.engine.vllm.kv_cache_gib=0.5",
+        ): "rollout.engine: vllm is set but backend is hf; remove it (or set it to null) or set backend=vllm",
+        ("trainer.backend=megatron", "trainer.megatron.tp=2"): "trainer.megatron.tp: unknown key",
+        ("rollout.engine.vllm.kv_cache_gib=0",): "rollout.engine.vllm.kv_cache_gib: Input should be greater",
+        ("rollout.engine.kv_cache_gib=0.5",): "rollout.engine.kv_cache_gib: unknown key",
+    }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError) as err:
             load_experiment(path, list(overrides))
@@ -118,8 +133,15 @@ def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
     default = load_experiment(path)
     assert default.trainer.model_parallel == (1, 1) and default.trainer.backend_config is None
     assert default.rollout.engine.backend_config.kv_cache_gib == 1.0  # vllm, the default engine: its defaults
-    cfg = load_experiment(path, ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2",
-                                 "rollout.engine.backend=hf", "rollout.engine.vllm=null"])
+    cfg = load_experiment(
+        path,
+        [
+            "trainer.backend=megatron",
+            "trainer.megatron.tensor_parallel=2",
+            "rollout.engine.backend=hf",
+            "rollout.engine.vllm=null",
+        ],
+    )
     assert cfg.trainer.model_parallel == (2, 1) and cfg.rollout.engine.backend_config is None
     dump_config(cfg, tmp_path / "resolved.yaml")  # what a run writes into its directory loads back the same
     assert load_experiment(tmp_path / "resolved.yaml") == cfg
@@ -127,27 +149,34 @@ def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
 
 def test_checking_a_config_imports_no_backend(tmp_path, model_dir):
     path = write_config(tmp_path, model_dir)
-    code = ("import sys; from yatt.config import load_experiment; load_experiment(sys.argv[1], "
-            "['trainer.backend=megatron', 'rollout.engine.backend=vllm']); "
-            "print(sorted(m for m in ('megatron', 'vllm') if m in sys.modules))")
+    code = (
+        "import sys; from yatt.config import load_experiment; load_experiment(sys.argv[1], "
+        "['trainer.backend=megatron', 'rollout.engine.backend=vllm']); "
+        "print(sorted(m for m in ('megatron', 'vllm') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]
 
 
 def test_backends_preflight_checks_name_the_field(tmp_path, model_dir, monkeypatch):
-    judge = (f"reward:\n  kind: genrm\n  judges: [{{name: j, model: {model_dir}, "
-             "template: '{question}{reference}:{response}?'}]\n")
+    judge = (
+        f"reward:\n  kind: genrm\n  judges: [{{name: j, model: {model_dir}, "
+        "template: '{question}{reference}:{response}?'}]\n"
+    )
     path = write_config(tmp_path, model_dir, judge)
     tp2 = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"]
-    cases = {("checkpoint.export_hf=true",): "checkpoint.export_hf needs the whole model on one rank",
-             ("balance.enabled=true",): "balance.enabled and placement.mode=partial are not supported yet"}
+    cases = {
+        ("checkpoint.export_hf=true",): "checkpoint.export_hf needs the whole model on one rank",
+        ("balance.enabled=true",): "balance.enabled and placement.mode=partial are not supported yet",
+    }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
             check_run(load_experiment(path, [*tp2, *overrides]), 2, str(path))
         check_run(load_experiment(path, list(overrides)), 2, str(path))  # the torch backend has no such rule
     find_spec = importlib.util.find_spec  # a machine without megatron-core or vLLM
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("megatron", "vllm")
-                        else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("megatron", "vllm") else find_spec(name, *a)
+    )
     with pytest.raises(ConfigError, match=r"trainer.backend=megatron needs megatron-core: pip install 'yatt\[megatron"):
         check_run(load_experiment(path, tp2), 2, str(path))
     with pytest.raises(ConfigError, match=r"exp.yaml: rollout.engine: backend=vllm needs vLLM"):
@@ -158,8 +187,15 @@ def test_backends_preflight_checks_name_the_field(tmp_path, model_dir, monkeypat
 
 def test_balance_and_dynamic_sampling_sections(tmp_path, model_dir):
     path = write_config(tmp_path, model_dir)
-    cfg = load_experiment(path, ["balance.enabled=true", "algorithm.dynamic_sampling.enabled=true",
-                                 "trainer.micro_batch_tokens=512", "rollout.engines_per_rank=2"])
+    cfg = load_experiment(
+        path,
+        [
+            "balance.enabled=true",
+            "algorithm.dynamic_sampling.enabled=true",
+            "trainer.micro_batch_tokens=512",
+            "rollout.engines_per_rank=2",
+        ],
+    )
     assert cfg.balance.partitioner == "kk" and cfg.algorithm.dynamic_sampling.max_rounds == 4
     assert not load_experiment(path).balance.enabled  # off by default: today's behaviour
     with pytest.raises(ConfigError, match="grpo advantages need whole groups"):
@@ -172,8 +208,12 @@ def test_balance_and_dynamic_sampling_sections(tmp_path, model_dir):
 
 def test_launcher_reports_config_errors_before_starting(tmp_path, model_dir):
     path = write_config(tmp_path, model_dir, "bogus: 1\n")
-    proc = subprocess.run([sys.executable, str(REPO / "launch/train.py"), "--config", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch/train.py"), "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert f"error: {path}: invalid config" in proc.stderr and "bogus: unknown key" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -182,8 +222,12 @@ def test_launcher_reports_config_errors_before_starting(tmp_path, model_dir):
 def test_launcher_reports_malformed_jsonl_line(tmp_path, model_dir):
     path = write_config(tmp_path, model_dir, f"run: {{output_dir: {tmp_path / 'runs'}}}\n")
     (tmp_path / "train.jsonl").write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": \n')
-    proc = subprocess.run([sys.executable, str(REPO / "launch/train.py"), "--config", str(path)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch/train.py"), "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"{tmp_path / 'train.jsonl'}:2: not valid JSON" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -215,8 +259,13 @@ def test_an_unwritable_run_directory_stops_the_launcher_with_one_line_before_eng
     blocker = tmp_path / "a-file"
     blocker.write_text("")  # a run directory under a regular file can never be created, even by root
     path = write_config(tmp_path, model_dir, f"run: {{output_dir: {blocker / 'runs'}}}\n")
-    proc = subprocess.run([sys.executable, str(REPO / "launch" / "train.py"), "--config", str(path)],
-                          capture_output=True, text=True, timeout=120, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"})
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch" / "train.py"), "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin"},
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "run.output_dir: cannot write to" in lines[0] and "Traceback" not in proc.stderr
@@ -230,11 +279,13 @@ def test_the_critic_section_follows_the_estimator_and_is_checked_without_files(t
     assert cfg.uses_critic and cfg.critic_path == model_dir and cfg.critic.enabled is None  # not rewritten
     assert cfg.critic.value_clip == 0.2 and cfg.critic.loss_agg is None and cfg.critic.warmup_steps == 0
     assert load_experiment(path, ["critic.enabled=true"]).uses_critic  # by hand, with grpo
-    cases = {("algorithm.advantage.kind=gae", "critic.enabled=false"): "reads a critic's values, but critic.enabled",
-             ("algorithm.advantage.kind=gae", "critic.warmup_steps=40"): "critic.warmup_steps=40 would leave no step",
-             ("critic.loss_agg=sum",): "unknown critic.loss_agg 'sum'",
-             ("critic.lr=0",): "critic.lr",
-             ("critic.value_clip=-1",): "critic.value_clip"}
+    cases = {
+        ("algorithm.advantage.kind=gae", "critic.enabled=false"): "reads a critic's values, but critic.enabled",
+        ("algorithm.advantage.kind=gae", "critic.warmup_steps=40"): "critic.warmup_steps=40 would leave no step",
+        ("critic.loss_agg=sum",): "unknown critic.loss_agg 'sum'",
+        ("critic.lr=0",): "critic.lr",
+        ("critic.value_clip=-1",): "critic.value_clip",
+    }
     for overrides, message in cases.items():
         with pytest.raises(ConfigError) as err:
             load_experiment(path, list(overrides))

@@ -8,8 +8,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_config_reference_is_current():
-    done = subprocess.run([sys.executable, "scripts/config_docs.py", "--check"], cwd=ROOT, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, "scripts/config_docs.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
 
 

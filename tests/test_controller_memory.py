@@ -12,9 +12,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_two_controllers_each_open_and_hold_half_of_what_the_central_driver_holds(tmp_path):
     out = tmp_path / "controller_memory"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "controller_memory.py"), "--prompts", "8",
-                    "--image-size", "56", "--group-size", "2", "--response-tokens", "8", "--dp", "2", "--repeats", "1",
-                    "--out", str(out)], cwd=ROOT, check=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "controller_memory.py"),
+            "--prompts",
+            "8",
+            "--image-size",
+            "56",
+            "--group-size",
+            "2",
+            "--response-tokens",
+            "8",
+            "--dp",
+            "2",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=600,
+    )
     result = json.loads(out.with_suffix(".json").read_text())
     by = {r["variant"]: r for r in result["runs"]}
     ranks, (driver,) = by["parallel"]["processes"], by["central"]["processes"]
@@ -26,7 +46,10 @@ def test_two_controllers_each_open_and_hold_half_of_what_the_central_driver_hold
     # the pixel tensors: exactly half of the driver's each; the encoded bytes: together the driver's, which are the
     # image files' bytes
     assert [p["held"]["pixels"] * 2 for p in ranks] == [driver["held"]["pixels"]] * 2 and driver["held"]["pixels"] > 0
-    assert sum(p["held"]["encoded_images"] for p in ranks) == driver["held"]["encoded_images"] \
+    assert (
+        sum(p["held"]["encoded_images"] for p in ranks)
+        == driver["held"]["encoded_images"]
         == result["workload"]["total_file_bytes"]
+    )
     # the driver handed each of its 2 workers 4 prompts
     assert [s["prompts"] for s in driver["shares"]] == [4, 4]

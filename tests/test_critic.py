@@ -73,10 +73,12 @@ def test_the_value_loss_is_aggregated_like_the_policy_loss(policy):
     with_targets(b, torch.zeros_like(b.mask), returns)
     token = torch.tensor([0.125, 0.125, 1.125])
     lengths = torch.tensor([2.0, 3.0, 1.0])
-    cases = {"token-mean": float((token * lengths).sum() / 6),
-             "seq-mean-token-sum": float((token * lengths).sum() / 3),
-             "seq-mean-token-mean": float(token.sum() / 3),
-             "seq-mean-token-sum-norm": float((token * lengths / 4).sum() / 3)}
+    cases = {
+        "token-mean": float((token * lengths).sum() / 6),
+        "seq-mean-token-sum": float((token * lengths).sum() / 3),
+        "seq-mean-token-mean": float(token.sum() / 3),
+        "seq-mean-token-sum-norm": float((token * lengths / 4).sum() / 3),
+    }
     for agg, want in cases.items():
         c = critic(policy, loss_agg=agg, value_clip=None)
         loss, sums = c.objective(num_tokens=6.0, num_seqs=3.0)(values, None, b)
@@ -122,14 +124,25 @@ def test_state_round_trip(policy):
 def test_the_console_line_shows_the_critic(tmp_path):
     from yatt.controllers.metrics import MetricsLogger
 
-    m = {"reward/mean": 0.5, "response/length_mean": 2.0, "actor/entropy": 0.3, "actor/clip_frac": 0.0,
-         "actor/grad_norm": 0.0, "time/generate_s": 1.0, "time/update_s": 1.0, "time/sync_s": 0.1,
-         "perf/gen_tokens_per_s": 100.0, "critic/value_loss": 0.1234, "critic/explained_var": 0.5,
-         "critic/warmup": 1.0}
+    m = {
+        "reward/mean": 0.5,
+        "response/length_mean": 2.0,
+        "actor/entropy": 0.3,
+        "actor/clip_frac": 0.0,
+        "actor/grad_norm": 0.0,
+        "time/generate_s": 1.0,
+        "time/update_s": 1.0,
+        "time/sync_s": 0.1,
+        "perf/gen_tokens_per_s": 100.0,
+        "critic/value_loss": 0.1234,
+        "critic/explained_var": 0.5,
+        "critic/warmup": 1.0,
+    }
     line = MetricsLogger(tmp_path / "m.jsonl", 5, enabled=False).console_line(1, m, 1.0)
     assert "vloss 0.1234 ev 0.50 w |" in line
     assert "vloss" not in MetricsLogger(tmp_path / "m.jsonl", 5, enabled=False).console_line(
-        1, {k: v for k, v in m.items() if not k.startswith("critic/")}, 1.0)
+        1, {k: v for k, v in m.items() if not k.startswith("critic/")}, 1.0
+    )
 
 
 def test_a_saved_critic_folder_starts_the_next_critic(policy, tmp_path):

@@ -22,7 +22,7 @@ def test_jsonl_shards_are_disjoint_and_cover_the_data(tmp_path, world_size):
     shards = [read_jsonl_shard(files, rank, world_size) for rank in range(world_size)]
     prompts = [row.prompt for shard in shards for row in shard]
     assert sorted(prompts) == sorted(f"q{i}" for i in range(13))  # covers, no duplicates
-    assert max(map(len, shards)) - min(map(len, shards)) <= 1      # balanced
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1  # balanced
 
 
 def test_gym_shards_are_disjoint_and_cover_the_data():
@@ -42,14 +42,17 @@ def test_rank_only_parses_its_own_lines(tmp_path):
         read_jsonl_shard([path], 1, 2)
 
 
-@pytest.mark.parametrize("line, problem", [
-    ('[1, 2]', "expected a JSON object"),
-    ('{"answer": "1"}', "exactly one of 'prompt' or 'messages'"),
-    ('{"prompt": "a", "messages": [{"role": "user", "content": "a"}]}', "exactly one of"),
-    ('{"prompt": "a", "answr": "1"}', "unknown field"),
-    ('{"messages": [{"role": "user"}]}', "'messages' must be"),
-    ('{"prompt": "a", "metadata": 3}', "'metadata' must be an object"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("[1, 2]", "expected a JSON object"),
+        ('{"answer": "1"}', "exactly one of 'prompt' or 'messages'"),
+        ('{"prompt": "a", "messages": [{"role": "user", "content": "a"}]}', "exactly one of"),
+        ('{"prompt": "a", "answr": "1"}', "unknown field"),
+        ('{"messages": [{"role": "user"}]}', "'messages' must be"),
+        ('{"prompt": "a", "metadata": 3}', "'metadata' must be an object"),
+    ],
+)
 def test_bad_rows_name_file_line_and_problem(tmp_path, line, problem):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "ok"}\n\n' + line + "\n")
@@ -59,8 +62,17 @@ def test_bad_rows_name_file_line_and_problem(tmp_path, line, problem):
 
 def test_chat_rows_and_eval_limit(tmp_path):
     path = tmp_path / "chat.jsonl"
-    path.write_text(json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
-                                "answer": 4, "data_source": "last_number"}) + "\n" + '{"prompt": "x"}\n')
+    path.write_text(
+        json.dumps(
+            {
+                "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+                "answer": 4,
+                "data_source": "last_number",
+            }
+        )
+        + "\n"
+        + '{"prompt": "x"}\n'
+    )
     rows = read_jsonl_shard([path], 0, 1, limit=1)
     assert len(rows) == 1 and rows[0].question() == "hi" and rows[0].answer == "4"
     assert score("so it is 4", rows[0]) == 1.0

@@ -2,7 +2,6 @@
 engine started."""
 
 import pytest
-
 from e2e import experiment, torchrun
 
 
@@ -25,5 +24,5 @@ def test_bad_data_fails_with_one_line_before_engines(tmp_path, case):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
     assert len(errors) == 1 and expected in errors[0], proc.stderr[-3000:]
     # torchrun prints its own traceback when a rank exits non-zero; none may come from a rank
-    assert "launch/train.py\", line" not in proc.stderr and "/yatt/" not in proc.stderr, proc.stderr[-3000:]
+    assert 'launch/train.py", line' not in proc.stderr and "/yatt/" not in proc.stderr, proc.stderr[-3000:]
     assert not list((tmp_path / "runs" / "bad" / "logs").glob("engine-*")), "an engine was started"

@@ -12,13 +12,15 @@ from yatt.data.errors import DataError
 from yatt.data.sources import load_shard
 from yatt.rewards.rules import score
 
-GSM8K_LIKE = [{"question": f"Tom has {i} apples and buys 2. How many?", "answer": str(i + 2), "level": i % 3}
-              for i in range(10)]
+GSM8K_LIKE = [
+    {"question": f"Tom has {i} apples and buys 2. How many?", "answer": str(i + 2), "level": i % 3} for i in range(10)
+]
 
 
 def source(kind, files, **mapping):
-    cfg = ExperimentConfig(model={"path": "m"}, data={"train": {"kind": kind, "files": [str(f) for f in files],
-                                                                 **mapping}})
+    cfg = ExperimentConfig(
+        model={"path": "m"}, data={"train": {"kind": kind, "files": [str(f) for f in files], **mapping}}
+    )
     return cfg.data.train
 
 
@@ -33,9 +35,13 @@ def test_parquet_with_column_mapping_is_sharded_by_row_groups(tmp_path, monkeypa
     src = source("parquet", [path], prompt_key="question", data_source="last_number", extra_columns="ignore")
     read = []
     original = pq.ParquetFile.read_row_group
-    monkeypatch.setattr(pq.ParquetFile, "read_row_group",
-                        lambda self, i, columns=None, **kw: read.append((i, tuple(columns))) or original(
-                            self, i, columns=columns, **kw))
+    monkeypatch.setattr(
+        pq.ParquetFile,
+        "read_row_group",
+        lambda self, i, columns=None, **kw: (
+            read.append((i, tuple(columns))) or original(self, i, columns=columns, **kw)
+        ),
+    )
     shards = []
     for rank in range(world_size):
         read.clear()
@@ -62,20 +68,24 @@ def test_parquet_limit_and_two_files(tmp_path):
 
 def test_json_array_with_chat_column(tmp_path):
     path = tmp_path / "chat.json"
-    path.write_text(json.dumps([{"conversation": [{"role": "user", "content": f"{i}+1?"}], "target": i + 1}
-                                for i in range(5)]))
+    path.write_text(
+        json.dumps([{"conversation": [{"role": "user", "content": f"{i}+1?"}], "target": i + 1} for i in range(5)])
+    )
     src = source("json", [path], messages_key="conversation", answer_key="target", data_source="last_number")
     shards = [load_shard(src, r, 2) for r in range(2)]
     assert [r.index for r in shards[1]] == [1, 3]
     assert shards[1][0].question() == "1+1?" and shards[1][0].answer == "2"
 
 
-@pytest.mark.parametrize("kind, content, problem", [
-    ("json", '{"a": 1}', "expected a JSON array of records"),
-    ("json", '[{"question": "q", "answer": "1", "other": 2}]', r"\[0\]: unknown field\(s\) \['other'\]"),
-    ("json", '[{"answer": "1"}]', r"\[0\]: needs exactly one of 'question' or 'messages'"),
-    ("parquet", "not parquet", "not a readable Parquet file"),
-])
+@pytest.mark.parametrize(
+    "kind, content, problem",
+    [
+        ("json", '{"a": 1}', "expected a JSON array of records"),
+        ("json", '[{"question": "q", "answer": "1", "other": 2}]', r"\[0\]: unknown field\(s\) \['other'\]"),
+        ("json", '[{"answer": "1"}]', r"\[0\]: needs exactly one of 'question' or 'messages'"),
+        ("parquet", "not parquet", "not a readable Parquet file"),
+    ],
+)
 def test_bad_files_name_file_and_row(tmp_path, kind, content, problem):
     path = tmp_path / f"d.{kind}"
     path.write_text(content)
@@ -85,16 +95,21 @@ def test_bad_files_name_file_and_row(tmp_path, kind, content, problem):
 
 def test_mapping_errors_at_config_load(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("model: {path: m}\ndata:\n  train: {kind: parquet, files: [a.parquet], prompt_key: q, "
-                    "answer_key: q}\n")
+    path.write_text(
+        "model: {path: m}\ndata:\n  train: {kind: parquet, files: [a.parquet], prompt_key: q, answer_key: q}\n"
+    )
     with pytest.raises(ConfigError, match="must name different columns"):
         load_config(ExperimentConfig, path)
 
 
 def test_answer_regex_takes_the_final_answer(tmp_path):
     path = tmp_path / "gsm8k.jsonl"
-    path.write_text(json.dumps({"question": "q", "answer": "3 + 4 = <<3+4=7>>7 apples\n#### 7"}) + "\n"
-                    + json.dumps({"question": "q2", "answer": "no marker"}) + "\n")
+    path.write_text(
+        json.dumps({"question": "q", "answer": "3 + 4 = <<3+4=7>>7 apples\n#### 7"})
+        + "\n"
+        + json.dumps({"question": "q2", "answer": "no marker"})
+        + "\n"
+    )
     src = source("jsonl", [path], prompt_key="question", answer_regex=r"####\s*(.+)$", data_source="last_number")
     assert load_shard(src, 0, 2)[0].answer == "7"
     with pytest.raises(DataError, match=rf"{path}:2: answer_regex .* does not match 'answer'"):

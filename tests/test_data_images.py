@@ -45,8 +45,13 @@ def test_tiny_vl_folder_loads_in_transformers_and_expands_images(vl_folder, shap
     ids = encode_prompts([row], enc.processor.tokenizer, 256)[0]
     expanded, pixels = enc.encode(ids, [images_mod.read_image_bytes(row.images[0], row.where)])
     # the placeholder became <fake><global-img><image> x image_seq_len <fake>: what the processor gives on text
-    reference = AutoProcessor.from_pretrained(vl_folder)(text=[row.prompt], images=[[images_mod.decode_image(
-        images_mod.read_image_bytes(row.images[0], row.where), row.images[0], row.where)]], add_special_tokens=False)
+    reference = AutoProcessor.from_pretrained(vl_folder)(
+        text=[row.prompt],
+        images=[
+            [images_mod.decode_image(images_mod.read_image_bytes(row.images[0], row.where), row.images[0], row.where)]
+        ],
+        add_special_tokens=False,
+    )
     assert expanded == list(reference["input_ids"][0])
     assert len(expanded) == len(ids) - 1 + cfg.image_seq_len + 3
     assert pixels["pixel_values"].shape == (1, 1, 3, cfg.image_size, cfg.image_size)
@@ -76,12 +81,15 @@ def _write(tmp_path, rows, name="d.jsonl"):
     return path
 
 
-@pytest.mark.parametrize("images, message", [
-    ("a.png", "'images' must be a non-empty list"),
-    ([], "'images' must be a non-empty list"),
-    ([3], r"images\[0\] must be a non-empty string"),
-    (["data:text/plain;base64,AAAA"], r"images\[0\] is a data URI but not"),
-])
+@pytest.mark.parametrize(
+    "images, message",
+    [
+        ("a.png", "'images' must be a non-empty list"),
+        ([], "'images' must be a non-empty list"),
+        ([3], r"images\[0\] must be a non-empty string"),
+        (["data:text/plain;base64,AAAA"], r"images\[0\] is a data URI but not"),
+    ],
+)
 def test_malformed_images_field_names_the_row(tmp_path, images, message):
     path = _write(tmp_path, [{"prompt": "x", "answer": "1"}, {"prompt": "y", "answer": "1", "images": images}])
     with pytest.raises(DataError, match=rf"{path}:2: {message}"):
@@ -99,9 +107,13 @@ def test_placeholders_must_match_images(tmp_path):
 
 
 def _cfg(model, train, eval_=None):
-    return ExperimentConfig(model={"path": str(model)}, data={
-        "train": {"kind": "jsonl", "files": [str(train)]},
-        **({"eval": {"kind": "jsonl", "files": [str(eval_)]}} if eval_ else {})})
+    return ExperimentConfig(
+        model={"path": str(model)},
+        data={
+            "train": {"kind": "jsonl", "files": [str(train)]},
+            **({"eval": {"kind": "jsonl", "files": [str(eval_)]}} if eval_ else {}),
+        },
+    )
 
 
 def test_missing_or_corrupt_image_stops_before_engines_naming_file_and_row(tmp_path, vl_folder, shapes):
@@ -122,8 +134,11 @@ def test_missing_or_corrupt_image_stops_before_engines_naming_file_and_row(tmp_p
         load_rank_data(_cfg(vl_folder, bad_uri), ONE, tok)
     # a data URI of a real PNG is as good as a file
     png = (shapes / good["images"][0]).read_bytes()
-    uri = _write(tmp_path, [good, {**good, "images": ["data:image/png;base64," + base64.b64encode(png).decode()]}],
-                 "uri_ok.jsonl")
+    uri = _write(
+        tmp_path,
+        [good, {**good, "images": ["data:image/png;base64," + base64.b64encode(png).decode()]}],
+        "uri_ok.jsonl",
+    )
     assert len(load_rank_data(_cfg(vl_folder, uri), ONE, tok).train) == 2
     # a text-only tokenizer cannot take image rows
     from yatt.models.tiny import DEFAULT_ALPHABET, build_char_tokenizer

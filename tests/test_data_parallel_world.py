@@ -5,8 +5,8 @@ and every World op runs among the ranks that share this rank's model-parallel co
 from __future__ import annotations
 
 import torch
-
 from megatron_ranks import data_world_body, run_ranks
+
 from yatt.distributed import World, data_parallel_world
 
 
@@ -19,8 +19,12 @@ def test_tp2_on_4_ranks_gives_2_data_parallel_ranks(tmp_path):
     results = run_ranks(4, data_world_body, tmp_path, 2, 1)
     # TP pairs (0, 1) and (2, 3) are data-parallel ranks 0 and 1; each DP group is one TP coordinate
     assert [(r["rank"], r["size"], r["members"]) for r in results] == [
-        (0, 2, (0, 2)), (0, 2, (1, 3)), (1, 2, (0, 2)), (1, 2, (1, 3))]
-    for g, r in enumerate(results):
+        (0, 2, (0, 2)),
+        (0, 2, (1, 3)),
+        (1, 2, (0, 2)),
+        (1, 2, (1, 3)),
+    ]
+    for _g, r in enumerate(results):
         partner = r["members"][1 - r["rank"]]
         assert r["sum"] == [3.0, 2.0]  # data-parallel ranks 0 and 1 counted once each
         assert r["max"] == [float(max(r["members"]))]

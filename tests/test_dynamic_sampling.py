@@ -29,8 +29,10 @@ class FakeGenerate:
 
 
 def cfg(**kw) -> DynamicSamplingConfig:
-    return DynamicSamplingConfig(enabled=True, **{"max_rounds": 3, "initial_oversample": 1.0, "min_oversample": 1.0,
-                                                  "max_oversample": 4.0, "ema": 1.0, **kw})
+    return DynamicSamplingConfig(
+        enabled=True,
+        **{"max_rounds": 3, "initial_oversample": 1.0, "min_oversample": 1.0, "max_oversample": 4.0, "ema": 1.0, **kw},
+    )
 
 
 def test_drops_all_equal_groups_and_refills():

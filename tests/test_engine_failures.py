@@ -46,11 +46,14 @@ def test_a_failed_weight_update_ends_the_engine_instead_of_leaving_it_half_loade
 
 
 def test_a_rank_restarts_an_engine_whose_update_failed_with_the_current_weights(tmp_path, policy):
-    cfg = load_experiment(REPO / "configs" / "quickstart.yaml",
-                          [f"run.output_dir={tmp_path}", f"model.path={policy}", "rollout.engine.backend=hf", "reward.judges=[]"])
+    cfg = load_experiment(
+        REPO / "configs" / "quickstart.yaml",
+        [f"run.output_dir={tmp_path}", f"model.path={policy}", "rollout.engine.backend=hf", "reward.judges=[]"],
+    )
     weights = load_file(str(policy / "model.safetensors"))  # the trainer's policy, as the factory binds it
-    services = EngineServices(cfg, World(0, 1, 0, torch.device("cpu")), tmp_path / "run",
-                              policy_weights=lambda: iter([list(weights.items())]))
+    services = EngineServices(
+        cfg, World(0, 1, 0, torch.device("cpu")), tmp_path / "run", policy_weights=lambda: iter([list(weights.items())])
+    )
     try:
         prompt = [[4, 5, 6]]
         before = services.rollout.generate(prompt, GREEDY)[0][0].token_ids
@@ -68,11 +71,14 @@ def test_an_engine_killed_between_stages_is_restarted_by_wake_with_the_current_w
     import os
     import signal
 
-    cfg = load_experiment(REPO / "configs" / "quickstart.yaml",
-                          [f"run.output_dir={tmp_path}", f"model.path={policy}", "rollout.engine.backend=hf", "reward.judges=[]"])
+    cfg = load_experiment(
+        REPO / "configs" / "quickstart.yaml",
+        [f"run.output_dir={tmp_path}", f"model.path={policy}", "rollout.engine.backend=hf", "reward.judges=[]"],
+    )
     weights = load_file(str(policy / "model.safetensors"))  # the trainer's policy, as the factory binds it
-    services = EngineServices(cfg, World(0, 1, 0, torch.device("cpu")), tmp_path / "run",
-                              policy_weights=lambda: iter([list(weights.items())]))
+    services = EngineServices(
+        cfg, World(0, 1, 0, torch.device("cpu")), tmp_path / "run", policy_weights=lambda: iter([list(weights.items())])
+    )
     try:
         prompt = [[4, 5, 6]]
         before = services.rollout.generate(prompt, GREEDY)[0][0].token_ids

@@ -11,36 +11,54 @@ import math
 import os
 
 import pytest
+from e2e import JUDGE_TINY, REPO, experiment, genrm_reward, torchrun
 from safetensors.torch import load_file
-
-from e2e import JUDGE_TINY, genrm_reward, REPO, experiment, torchrun
 
 pytestmark = pytest.mark.engine
 KILLS = ["generate@1", "judge@2", "train@3", "sync@4", "eval@2"]
 # what an engine restart may change: timings, throughput, restart/re-route counters, idle fractions
-VOLATILE = ("elapsed_s", "time/", "perf/", "load/", "device", "placement/switch_s", "placement/idle_frac",
-            "placement/engine_restarts")
+VOLATILE = (
+    "elapsed_s",
+    "time/",
+    "perf/",
+    "load/",
+    "device",
+    "placement/switch_s",
+    "placement/idle_frac",
+    "placement/engine_restarts",
+)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("kill")
-    config = experiment(tmp, f"""
+    config = experiment(
+        tmp,
+        f"""
 rollout: {{group_size: 8, max_new_tokens: 2, engine: {{backend: hf}}}}
-{genrm_reward(tmp, '{backend: hf}')}algorithm: {{mini_batches: 2}}
+{genrm_reward(tmp, "{backend: hf}")}algorithm: {{mini_batches: 2}}
 trainer: {{lr: 0.01, micro_batch_size: 32}}
-run: {{output_dir: {tmp / 'runs'}, steps: 4, eval_every: 2}}
-""", model=JUDGE_TINY, name="kill.yaml")
+run: {{output_dir: {tmp / "runs"}, steps: 4, eval_every: 2}}
+""",
+        model=JUDGE_TINY,
+        name="kill.yaml",
+    )
     log = tmp / "kills.log"
-    faults = {"YATT_TEST_KILL": ",".join(KILLS), "YATT_TEST_KILL_LOG": str(log),
-              "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "faults"), str(REPO)])}
+    faults = {
+        "YATT_TEST_KILL": ",".join(KILLS),
+        "YATT_TEST_KILL_LOG": str(log),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "faults"), str(REPO)]),
+    }
     out = {}
     for name, extra in (("calm", {}), ("killed", faults)):
         proc = torchrun(config, "--placement", "full", f"run.name={name}", cwd=tmp, extra_env=extra)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         run_dir = tmp / "runs" / name
-        out[name] = ([json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()],
-                     load_file(run_dir / "policy" / "model.safetensors"), proc.stdout)
+        out[name] = (
+            [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()],
+            load_file(run_dir / "policy" / "model.safetensors"),
+            proc.stdout,
+        )
     return out, log.read_text().splitlines()
 
 
@@ -56,8 +74,9 @@ def test_the_killed_run_equals_the_calm_one_but_for_restart_counters(runs):
     for a, b in zip(calm, killed):
         assert set(a) == set(b)
         for key in a:
-            if key.startswith(VOLATILE) or key.endswith(("/rerouted", "/respawned", "/duplicates_dropped",
-                                                          "/max_queue", "judged_per_busy_s")):
+            if key.startswith(VOLATILE) or key.endswith(
+                ("/rerouted", "/respawned", "/duplicates_dropped", "/max_queue", "judged_per_busy_s")
+            ):
                 continue
             assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-6), (a["step"], key, a[key], b[key])
     assert calm_policy.keys() == killed_policy.keys()
@@ -70,4 +89,7 @@ def test_every_restart_is_counted(runs):
     # each in the step it happened in (the evaluation's in the next step); generation's and judging's dead
     # engines are respawned by their pools, which count them too
     assert sum(r.get("placement/engine_restarts", 0) for r in killed) == len(KILLS)
-    assert sum(r.get("rollout/respawned", 0) for r in killed) >= 1 and sum(r.get("genrm/j/respawned", 0) for r in killed) >= 1
+    assert (
+        sum(r.get("rollout/respawned", 0) for r in killed) >= 1
+        and sum(r.get("genrm/j/respawned", 0) for r in killed) >= 1
+    )

@@ -11,16 +11,17 @@ from pathlib import Path
 import pytest
 
 from yatt.engines.base import SamplingSpec
-from yatt.engines.client import spawn_engine
+from yatt.engines.client import connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
-from yatt.engines.client import connect_engine
 from yatt.engines.pool import EnginePool, Request
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.transport.codec import new_secret
 
 pytestmark = pytest.mark.engine
 
-CFG = EngineConfig(max_model_len=96, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, startup_timeout_s=300, request_timeout_s=20)
+CFG = EngineConfig(
+    max_model_len=96, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, startup_timeout_s=300, request_timeout_s=20
+)
 # Long outputs with no eos in sight keep requests in flight long enough to kill an engine under them.
 SECRET = new_secret()
 SLOW = SamplingSpec(n=2, temperature=1.0, max_tokens=60, logprobs=False)
@@ -67,7 +68,7 @@ def test_two_clients_share_one_engine_and_get_only_their_results(engines):
 def test_wrong_secret_is_rejected_and_engine_keeps_serving(engines):
     engine = engines["e0"]
     intruder = connect_engine(engine.endpoint, new_secret(), CFG.model_copy(update={"request_timeout_s": 1.0}))
-    with pytest.raises(Exception):
+    with pytest.raises(TimeoutError):  # the CURVE handshake never completes: no reply
         intruder.submit(["x"], [[4, 5]], SamplingSpec(max_tokens=2))
     intruder.close()
     stats = engine._rpc.call("rpc_stats")

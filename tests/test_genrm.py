@@ -8,19 +8,38 @@ from yatt.genrm.template import check_template, render
 from yatt.genrm.verdict import ScoreVerdict, YesNoVerdict
 
 
-@pytest.mark.parametrize("output, expected", [
-    ("yes", 1.0), ("Yes", 1.0), ("  YES.", 1.0), ("no", 0.0), ("No, it is wrong", 0.0),
-    ("yes yes", 1.0), ("Yes - the answer matches", 1.0),
-])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("yes", 1.0),
+        ("Yes", 1.0),
+        ("  YES.", 1.0),
+        ("no", 0.0),
+        ("No, it is wrong", 0.0),
+        ("yes yes", 1.0),
+        ("Yes - the answer matches", 1.0),
+    ],
+)
 def test_yes_no_well_formed(output, expected):
     assert YesNoVerdict().parse(output) == expected
 
 
-@pytest.mark.parametrize("output", [
-    "", "   ", "maybe", "yesterday", "nope", "123", "The answer is yes",  # first word is not a verdict
-    "No, wait, yes", "yes... actually no",  # hedged: both verdicts present
-    "?", "ye s",
-])
+@pytest.mark.parametrize(
+    "output",
+    [
+        "",
+        "   ",
+        "maybe",
+        "yesterday",
+        "nope",
+        "123",
+        "The answer is yes",  # first word is not a verdict
+        "No, wait, yes",
+        "yes... actually no",  # hedged: both verdicts present
+        "?",
+        "ye s",
+    ],
+)
 def test_yes_no_malformed_is_unreadable(output):
     assert YesNoVerdict().parse(output) is None
 
@@ -39,10 +58,16 @@ def test_response_saying_yes_cannot_become_the_verdict():
     assert YesNoVerdict().parse("") is None
 
 
-@pytest.mark.parametrize("output, expected", [
-    ("Score: 7", 0.7), ("reasoning... score:10", 1.0), ("Score: 0", 0.0), ("Score: 2\nScore: 8", 0.8),
-    ("SCORE : 5.5", 0.55),
-])
+@pytest.mark.parametrize(
+    "output, expected",
+    [
+        ("Score: 7", 0.7),
+        ("reasoning... score:10", 1.0),
+        ("Score: 0", 0.0),
+        ("Score: 2\nScore: 8", 0.8),
+        ("SCORE : 5.5", 0.55),
+    ],
+)
 def test_score_verdict(output, expected):
     assert ScoreVerdict(low=0, high=10).parse(output) == pytest.approx(expected)
 
@@ -79,10 +104,12 @@ def test_mix_modes():
     b = torch.tensor([0.0, 1.0, 0.0])
     assert torch.equal(mix_rewards("rule", rule, {}, {}), rule)
     assert torch.allclose(mix_rewards("genrm", None, {"a": a}, {"a": 2.0}), a)
-    assert torch.allclose(mix_rewards("genrm", None, {"a": a, "b": b}, {"a": 3.0, "b": 1.0}),
-                          torch.tensor([0.75, 1.0, 0.0]))
-    assert torch.allclose(mix_rewards("genrm_with_rule", rule, {"a": a}, {"a": 1.0}, rule_weight=3.0),
-                          torch.tensor([1.0, 0.25, 0.75]))
+    assert torch.allclose(
+        mix_rewards("genrm", None, {"a": a, "b": b}, {"a": 3.0, "b": 1.0}), torch.tensor([0.75, 1.0, 0.0])
+    )
+    assert torch.allclose(
+        mix_rewards("genrm_with_rule", rule, {"a": a}, {"a": 1.0}, rule_weight=3.0), torch.tensor([1.0, 0.25, 0.75])
+    )
 
 
 def test_mix_errors():
@@ -97,7 +124,9 @@ def test_mix_errors():
 def test_yes_no_verdict_from_yaml():
     """`yes:`/`no:` keys would be booleans in YAML; the fields are yes_score/no_score."""
     import yaml
-    from yatt.genrm.config import VerdictConfig
     from pydantic import TypeAdapter
+
+    from yatt.genrm.config import VerdictConfig
+
     v = TypeAdapter(VerdictConfig).validate_python(yaml.safe_load("{kind: yes_no, yes_score: 1, no_score: -1}"))
     assert v.parse("no") == -1.0

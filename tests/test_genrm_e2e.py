@@ -4,13 +4,19 @@ import json
 import math
 
 import pytest
-
 from e2e import experiment, torchrun
+
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 pytestmark = pytest.mark.engine
-TINY = dict(alphabet="0123456789+=:?yesno", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=2, num_key_value_heads=1)
+TINY = dict(
+    alphabet="0123456789+=:?yesno",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+)
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +25,9 @@ def setup(tmp_path_factory):
     exercises the fallback; genrm_with_rule keeps a learning signal through the rule part."""
     tmp = tmp_path_factory.mktemp("genrm")
     judge = write_tiny_model(tmp / "judge", TinyModelConfig(**TINY, max_position_embeddings=32), seed=4)
-    config = experiment(tmp, f"""
+    config = experiment(
+        tmp,
+        f"""
 rollout: {{group_size: 8, max_new_tokens: 2, engine: {{vllm: {{kv_cache_gib: 0.25}}}}}}
 reward:
   kind: genrm_with_rule
@@ -31,8 +39,11 @@ reward:
       unparseable_score: 0.5
       engine: {{vllm: {{kv_cache_gib: 0.25}}}}
 trainer: {{lr: 0.01, micro_batch_size: 32}}
-run: {{output_dir: {tmp / 'runs'}, steps: 2, eval_every: 0}}
-""", model=TinyModelConfig(**TINY), name="genrm.yaml")
+run: {{output_dir: {tmp / "runs"}, steps: 2, eval_every: 0}}
+""",
+        model=TinyModelConfig(**TINY),
+        name="genrm.yaml",
+    )
     return tmp, config
 
 

@@ -20,9 +20,23 @@ pytestmark = pytest.mark.engine
 def passing_report(tmp_path: Path, script: str) -> dict:
     """Run scripts/<script>.py for 3 steps on the tiny one-token GRPO experiment; its report, checked."""
     config = experiment(tmp_path, ONE_TOKEN_GRPO)
-    proc = subprocess.run([sys.executable, str(REPO / f"scripts/{script}.py"), "--config", str(config),
-                           "--steps", "3", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / f"scripts/{script}.py"),
+            "--config",
+            str(config),
+            "--steps",
+            "3",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / f"{script}.json").read_text())
     assert report["ok"] and report["checks"]["logprobs_agree"] and report["checks"]["weights_moved"], report

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from e2e import env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,10 +16,16 @@ pytestmark = pytest.mark.engine
 
 
 def test_gpu_check_engines_passes(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO / "scripts/gpu_check_engines.py"), "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts/gpu_check_engines.py"), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env(),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert report["ok"] and len(report["checks"]) >= 6, report
     if not torch.cuda.is_available():
         assert report["memory_checks"].startswith("skipped"), report

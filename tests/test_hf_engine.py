@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_refs import (EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, nucleus_log_mass, trainer_logprobs,
-                         two_policies)
+from engine_refs import (
+    EOS,
+    TEXTS,
+    hf_greedy,
+    hf_logprobs,
+    load_policies,
+    nucleus_log_mass,
+    trainer_logprobs,
+    two_policies,
+)
 from transformers import AutoTokenizer
 
 from yatt.engines.base import SamplingSpec, generate
@@ -109,7 +117,7 @@ def test_eos_stop_tokens_and_length(engine: HFEngine, hf, prompts) -> None:
     done = [(p, c) for p, row in zip(prompts, rows) for c in row]
     stopped = [(p, c) for p, c in done if c.finish_reason == "stop"]
     assert stopped and len(stopped) < len(done), "the test needs both eos stops and length cut-offs"
-    for p, c in done:
+    for _, c in done:
         assert len(c.logprobs) == len(c.token_ids)
         if c.finish_reason == "stop":
             assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]

@@ -9,14 +9,27 @@ from yatt.launcher import AGENT_ENV, ERROR_FILE_ENV, first_failure, one_line, pa
 
 
 def test_a_multi_line_message_becomes_one_line():
-    assert one_line("exp.yaml: invalid config\n  a.b: bad\n  c: unknown key\n") == \
-        "exp.yaml: invalid config: a.b: bad; c: unknown key"
+    assert (
+        one_line("exp.yaml: invalid config\n  a.b: bad\n  c: unknown key\n")
+        == "exp.yaml: invalid config: a.b: bad; c: unknown key"
+    )
     assert one_line("already one line") == "already one line"
 
 
 def test_each_rank_gets_the_command_line_without_nproc():
-    argv = ["--nproc", "2", "--config", "c.yaml", "trainer.lr=0.1", "--resume", "none", "--overwrite",
-            "--placement", "full", "run.steps=3"]
+    argv = [
+        "--nproc",
+        "2",
+        "--config",
+        "c.yaml",
+        "trainer.lr=0.1",
+        "--resume",
+        "none",
+        "--overwrite",
+        "--placement",
+        "full",
+        "run.steps=3",
+    ]
     args = parse_args(argv)
     again = parse_args(rank_argv(args))
     assert "--nproc" not in rank_argv(args) and again.nproc is None
@@ -33,10 +46,12 @@ def _failure(tmp_path, monkeypatch, rank: int, line: str | None, code: int, quie
 
 def test_the_agent_prints_the_first_report_and_exits_with_its_code(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(AGENT_ENV, "1")
-    failures = {1: _failure(tmp_path, monkeypatch, 1, "error (rank 1): data.jsonl:4: not valid UTF-8", 2),
-                2: _failure(tmp_path, monkeypatch, 2, "error (rank 2): never shown", 2, quiet=True),
-                0: _failure(tmp_path, monkeypatch, 0, "error (rank 0): RuntimeError: Connection closed by peer", 1),
-                3: _failure(tmp_path, monkeypatch, 3, None, -signal.SIGTERM)}  # stopped by the agent: no report
+    failures = {
+        1: _failure(tmp_path, monkeypatch, 1, "error (rank 1): data.jsonl:4: not valid UTF-8", 2),
+        2: _failure(tmp_path, monkeypatch, 2, "error (rank 2): never shown", 2, quiet=True),
+        0: _failure(tmp_path, monkeypatch, 0, "error (rank 0): RuntimeError: Connection closed by peer", 1),
+        3: _failure(tmp_path, monkeypatch, 3, None, -signal.SIGTERM),
+    }  # stopped by the agent: no report
     assert first_failure(failures) == ("error (rank 1): data.jsonl:4: not valid UTF-8", 2)
     assert capsys.readouterr().err == ""  # under the agent a rank prints nothing itself
     assert not (tmp_path / "error2.json").exists()  # a quiet rank writes no report

@@ -6,26 +6,40 @@ import json
 import math
 
 import pytest
-from safetensors.torch import load_file
-
 from e2e import ONE_TOKEN_GRPO, experiment, torchrun
 from megatron_ranks import needs_megatron
+from safetensors.torch import load_file
+
 from yatt.models.tiny import TinyModelConfig
 
 pytestmark = needs_megatron
 # 4 query / 2 key-value heads split over TP=2; vocabulary 15 padded to 16
-DIGITS_TP = TinyModelConfig(alphabet="0123456789+=", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2)
+DIGITS_TP = TinyModelConfig(
+    alphabet="0123456789+=",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mcore_e2e")
-    config = experiment(tmp, f"""
-{ONE_TOKEN_GRPO}run: {{name: tp2, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 0}}
-""", model=DIGITS_TP)
-    overrides = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "rollout.engine.backend=hf",
-                 "rollout.engine.vllm=null"]
+    config = experiment(
+        tmp,
+        f"""
+{ONE_TOKEN_GRPO}run: {{name: tp2, output_dir: {tmp / "runs"}, steps: 3, eval_every: 0}}
+""",
+        model=DIGITS_TP,
+    )
+    overrides = [
+        "trainer.backend=megatron",
+        "trainer.megatron.tensor_parallel=2",
+        "rollout.engine.backend=hf",
+        "rollout.engine.vllm=null",
+    ]
     return torchrun(config, "--placement", "full", *overrides, cwd=tmp), tmp / "runs" / "tp2", tmp / "policy0"
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from megatron_ranks import logits_body, needs_megatron, run_ranks
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from megatron_ranks import logits_body, needs_megatron, run_ranks
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
 pytestmark = needs_megatron
 # head counts and layers divide by 2; vocabulary 47 does not (padded to 48 under TP=2); head_dim 16
-TINY = TinyModelConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2)
+TINY = TinyModelConfig(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +27,20 @@ def qwen2(tmp_path_factory):
 def llama_untied(tmp_path_factory):
     """A Llama without q/k/v biases and with an untied output head."""
     torch.manual_seed(4)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                         tie_word_embeddings=False, rms_norm_eps=1e-5,
-                                         rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e5},
+        )
+    )
     folder = tmp_path_factory.mktemp("mcore") / "llama"
     model.save_pretrained(folder)
     return folder
@@ -41,8 +52,11 @@ def round_trip(folder, tp: int, pp: int) -> tuple[dict, dict]:
 
     hf = AutoConfig.from_pretrained(folder)
     weights = read_hf_weights(folder)
-    stages = {(t, p): mm.local_state_from_hf(weights, hf, tp, t, pp, p, hf.tie_word_embeddings and pp > 1
-                                             and p == pp - 1) for t in range(tp) for p in range(pp)}
+    stages = {
+        (t, p): mm.local_state_from_hf(weights, hf, tp, t, pp, p, hf.tie_word_embeddings and pp > 1 and p == pp - 1)
+        for t in range(tp)
+        for p in range(pp)
+    }
     extras = {}
     for name in ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight"):
         for p in range(pp):
@@ -53,7 +67,7 @@ def round_trip(folder, tp: int, pp: int) -> tuple[dict, dict]:
         p = mm.layer_owner(hf, pp, layer)
         prefix = f"decoder.layers.{layer - mm.stage_layers(hf, pp, p).start}."
         names = [k for k in stages[0, p] if k.startswith(prefix)]
-        layers.append((layer, {k[len(prefix):]: mm.unshard(k, [stages[t, p][k] for t in range(tp)]) for k in names}))
+        layers.append((layer, {k[len(prefix) :]: mm.unshard(k, [stages[t, p][k] for t in range(tp)]) for k in names}))
     return weights, mm.hf_from_full_mcore(layers, extras, hf)
 
 
@@ -70,10 +84,12 @@ def test_tp_shards_split_fused_modules_per_group():
     """A TP shard of linear_qkv holds whole key-value groups; of linear_fc1 [its gate rows; its up rows]."""
     from yatt.trainers import megatron_model as mm
 
-    hf = AutoConfig.for_model("qwen2", hidden_size=8, num_attention_heads=4, num_key_value_heads=2,
-                              intermediate_size=6, head_dim=2)
-    q, k, v = (torch.arange(n * 8, dtype=torch.float32).reshape(n, 8) + base
-               for n, base in ((8, 0), (4, 1000), (4, 2000)))
+    hf = AutoConfig.for_model(
+        "qwen2", hidden_size=8, num_attention_heads=4, num_key_value_heads=2, intermediate_size=6, head_dim=2
+    )
+    q, k, v = (
+        torch.arange(n * 8, dtype=torch.float32).reshape(n, 8) + base for n, base in ((8, 0), (4, 1000), (4, 2000))
+    )
     fused = mm._fuse_qkv(q, k, v, hf)
     first = mm.shard("decoder.layers.0.self_attention.linear_qkv.weight", fused, 0, 2)
     torch.testing.assert_close(first, torch.cat([q[:4], k[:2], v[:2]]))  # group 0: 2 q heads, its k, its v

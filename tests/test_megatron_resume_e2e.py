@@ -7,24 +7,32 @@ import signal
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from e2e import ONE_TOKEN_GRPO, experiment
 from megatron_ranks import needs_megatron
+from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import comparable, finish, launch, logged_steps, process_tree, wait_for
 from test_megatron_e2e import DIGITS_TP
 
 pytestmark = [needs_megatron, pytest.mark.slow]
 STEPS = 6
-MEGATRON = ("trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "rollout.engine.backend=hf",
-            "rollout.engine.vllm=null")
+MEGATRON = (
+    "trainer.backend=megatron",
+    "trainer.megatron.tensor_parallel=2",
+    "rollout.engine.backend=hf",
+    "rollout.engine.vllm=null",
+)
 
 
 def test_kill_9_during_a_shard_write_resumes_exactly(tmp_path):
-    config = experiment(tmp_path, f"""
+    config = experiment(
+        tmp_path,
+        f"""
 {ONE_TOKEN_GRPO}checkpoint: {{every: 2, keep: 2}}
 run: {{name: r, steps: {STEPS}, eval_every: 3}}
-""", model=DIGITS_TP, name="resume.yaml")
+""",
+        model=DIGITS_TP,
+        name="resume.yaml",
+    )
     out = finish(launch(tmp_path, config, "full", *MEGATRON))
     assert "done:" in out, out[-3000:]
     uninterrupted = tmp_path / "full" / "r"
@@ -52,8 +60,9 @@ run: {{name: r, steps: {STEPS}, eval_every: 3}}
     assert "warning: skipping partial checkpoint" in out and "done:" in out, out[-3000:]
     assert logged_steps(run_dir) == list(range(STEPS + 1))
     for want, have in zip(comparable(uninterrupted), comparable(run_dir)):
-        assert want == have, {k: (want.get(k), have.get(k)) for k in set(want) | set(have)
-                              if want.get(k) != have.get(k)}
+        assert want == have, {
+            k: (want.get(k), have.get(k)) for k in set(want) | set(have) if want.get(k) != have.get(k)
+        }
     a = load_file(uninterrupted / "policy" / "model.safetensors")
     b = load_file(run_dir / "policy" / "model.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from megatron_ranks import mismatch_body, needs_megatron, resume_body, run_ranks, trainer_step_body
+
 from yatt.algorithms.objective import Algorithm
 from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.distributed import World
@@ -16,8 +16,9 @@ from yatt.tensors import TokenBatch
 from yatt.trainers.torch_trainer import TorchTrainer
 
 pytestmark = needs_megatron
-TINY = TinyModelConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2)
+TINY = TinyModelConfig(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 # lr large enough that the update is far above the tolerance; clip at 0.5 so clipping is exercised
 TRAIN = dict(lr=1e-3, grad_clip=0.5, micro_batch_size=3, warmup_steps=1, lr_schedule="cosine")
 
@@ -37,13 +38,21 @@ def step_data(policy):
     batch.temperature = 0.8
     torch_trainer = TorchTrainer(policy, TrainerConfig(**TRAIN), World(0, 1, 0, torch.device("cpu")), total_steps=4)
     logp, ent = torch_trainer.logprobs(batch, with_entropy=True)
-    batch.extras.update(old_logprobs=logp + 0.05 * torch.randn(batch.mask.shape, generator=gen) * batch.mask,
-                        advantages=torch.randn(len(batch), generator=gen))
+    batch.extras.update(
+        old_logprobs=logp + 0.05 * torch.randn(batch.mask.shape, generator=gen) * batch.mask,
+        advantages=torch.randn(len(batch), generator=gen),
+    )
     denominators = (float(batch.mask.sum()), float(len(batch)), 8)
     stats = torch_trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(*denominators))
     weights = dict(torch_trainer.named_weights())
-    return {"batch": batch, "denominators": denominators, "stats": stats, "weights": weights, "logp": logp,
-            "entropy": ent}
+    return {
+        "batch": batch,
+        "denominators": denominators,
+        "stats": stats,
+        "weights": weights,
+        "logp": logp,
+        "entropy": ent,
+    }
 
 
 def close(a: float, b: float) -> bool:
@@ -56,8 +65,18 @@ def test_one_rl_step_equals_the_torch_backend(tmp_path, policy, step_data, tp, p
     rows = [list(range(len(batch)))] if dp == 1 else [[0, 2, 4, 6], [1, 3, 5]]  # DP: 2 then 1 micro-batches
     # the controller's denominators: global counts / data-parallel size (DP then averages gradients)
     tokens, seqs, norm_length = step_data["denominators"]
-    results = run_ranks(tp * pp * dp, trainer_step_body, tmp_path, str(policy), tp, pp, batch, rows,
-                        (tokens / dp, seqs / dp, norm_length), TRAIN)
+    results = run_ranks(
+        tp * pp * dp,
+        trainer_step_body,
+        tmp_path,
+        str(policy),
+        tp,
+        pp,
+        batch,
+        rows,
+        (tokens / dp, seqs / dp, norm_length),
+        TRAIN,
+    )
     want = step_data["stats"]
     for r in results:
         assert close(r["stats"]["grad_norm"], want["grad_norm"]), (r["stats"], want)
@@ -89,9 +108,18 @@ def test_bfloat16_step_runs_and_stays_near_float32(tmp_path, policy, step_data):
     """bfloat16 weights (float32 master weights in megatron's optimizer), TP=2: the log-probs drift a
     little from float32, the step is taken, and the weights stay near the float32 update."""
     tokens, seqs, norm_length = step_data["denominators"]
-    results = run_ranks(2, trainer_step_body, tmp_path, str(policy), 2, 1, step_data["batch"],
-                        [list(range(len(step_data["batch"])))], (tokens, seqs, norm_length),
-                        {**TRAIN, "dtype": "bfloat16"})
+    results = run_ranks(
+        2,
+        trainer_step_body,
+        tmp_path,
+        str(policy),
+        2,
+        1,
+        step_data["batch"],
+        [list(range(len(step_data["batch"])))],
+        (tokens, seqs, norm_length),
+        {**TRAIN, "dtype": "bfloat16"},
+    )
     for r in results:
         assert r["stats"]["skipped"] == 0.0 and abs(r["stats"]["grad_norm"] - step_data["stats"]["grad_norm"]) < 0.2
         drift = float((r["logp"] - step_data["logp"]).abs().max())
@@ -105,8 +133,9 @@ def test_bfloat16_step_runs_and_stays_near_float32(tmp_path, policy, step_data):
 def test_a_shard_resumes_exactly(tmp_path, policy, step_data, tp, pp):
     """state_dict of this rank's shard (weights, Adam state, schedule position) -> a fresh trainer: its next
     step is the uninterrupted one's, bit for bit; each rank's shard is about 1/2 of the model."""
-    results = run_ranks(tp * pp, resume_body, tmp_path, str(policy), tp, pp, step_data["batch"],
-                        step_data["denominators"], TRAIN)
+    results = run_ranks(
+        tp * pp, resume_body, tmp_path, str(policy), tp, pp, step_data["batch"], step_data["denominators"], TRAIN
+    )
     for r in results:
         assert r["resumed"] == r["straight"]
         for k, w in r["straight_weights"].items():

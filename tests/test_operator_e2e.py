@@ -19,8 +19,15 @@ FAST = ("rollout.engine.backend=hf",)  # the plain decode loop starts in a momen
 
 
 def launch(config: Path, *args: str, cwd: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(nproc_args(config, *FAST, *args), capture_output=True, text=True, timeout=600, check=False,
-                          env={**env(), **(extra_env or {})}, cwd=cwd)
+    return subprocess.run(
+        nproc_args(config, *FAST, *args),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**env(), **(extra_env or {})},
+        cwd=cwd,
+    )
 
 
 def lines(text: str) -> list[str]:
@@ -35,8 +42,11 @@ def contents(run_dir: Path) -> dict[str, bytes]:
 def finished(tmp_path_factory):
     """A finished 2-step run with a checkpoint at step 2, metrics, samples and an exported policy."""
     tmp = tmp_path_factory.mktemp("operator")
-    config = experiment(tmp, f"{ONE_TOKEN_GRPO}checkpoint: {{every: 2, keep: 2}}\n"
-                             f"run: {{name: r, output_dir: {tmp / 'runs'}, steps: 2, eval_every: 0}}\n")
+    config = experiment(
+        tmp,
+        f"{ONE_TOKEN_GRPO}checkpoint: {{every: 2, keep: 2}}\n"
+        f"run: {{name: r, output_dir: {tmp / 'runs'}, steps: 2, eval_every: 0}}\n",
+    )
     proc = launch(config, cwd=tmp)
     assert proc.returncode == 0 and "done:" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
     run_dir = tmp / "runs" / "r"
@@ -53,8 +63,11 @@ def bad_train_file(tmp: Path) -> Path:
     return bad
 
 
-@pytest.mark.parametrize("resume", [("--resume", "none"), ("--resume", "none", "--overwrite"), ("--resume", "auto")],
-                         ids=["none", "none-overwrite", "auto"])
+@pytest.mark.parametrize(
+    "resume",
+    [("--resume", "none"), ("--resume", "none", "--overwrite"), ("--resume", "auto")],
+    ids=["none", "none-overwrite", "auto"],
+)
 def test_a_relaunch_with_bad_data_reports_the_data_error_and_changes_nothing(finished, resume):
     tmp, config, run_dir = finished
     bad = bad_train_file(tmp)
@@ -103,8 +116,9 @@ def test_a_crash_in_one_rank_is_one_line_with_its_traceback_in_the_run_dir(tmp_p
     config = experiment(tmp_path, f"run: {{name: r, output_dir: {tmp_path / 'runs'}, steps: 2}}\n")
     (tmp_path / "faults").mkdir()
     (tmp_path / "faults" / "sitecustomize.py").write_text(CRASH)
-    proc = launch(config, cwd=tmp_path, extra_env={"PYTHONPATH": os.pathsep.join([str(tmp_path / "faults"),
-                                                                                  str(REPO)])})
+    proc = launch(
+        config, cwd=tmp_path, extra_env={"PYTHONPATH": os.pathsep.join([str(tmp_path / "faults"), str(REPO)])}
+    )
     traceback = tmp_path / "runs" / "r" / "logs" / "rank1.traceback"
     assert proc.returncode == 1, proc.stderr[-3000:]
     # rank 0 was loading its model (progress bars on stderr) when the agent stopped it: no report, no traceback
@@ -119,9 +133,14 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_commits(finished):
     tmp, config, run_dir = finished
     before = contents(run_dir)
     ckpts = run_dir / "checkpoints"
-    proc = subprocess.Popen(nproc_args(config, *FAST, "--resume", "none", "--overwrite",
-                                       "checkpoint.debug_write_delay_s=1.0"),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env(), cwd=tmp)
+    proc = subprocess.Popen(
+        nproc_args(config, *FAST, "--resume", "none", "--overwrite", "checkpoint.debug_write_delay_s=1.0"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(),
+        cwd=tmp,
+    )
     deadline = time.monotonic() + 300
     while not any(".tmp-" in p.name for p in ckpts.iterdir()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]

@@ -16,13 +16,16 @@ def test_split_devices():
         split_devices(2, 2)
 
 
-@pytest.mark.parametrize("n, rollout_s, genrm_s, expected", [
-    (8, 7.0, 1.0, 7),   # judge is cheap: 7 rollout devices, 1 judge
-    (8, 1.0, 1.0, 4),   # equal work: half and half
-    (8, 1.0, 7.0, 1),   # judge is expensive
-    (2, 5.0, 0.1, 1),   # two devices: the only split
-    (8, 3.0, 1.0, 6),   # max(3/6, 1/2) = 0.5 beats max(3/5, 1/3) and max(3/7, 1)
-])
+@pytest.mark.parametrize(
+    "n, rollout_s, genrm_s, expected",
+    [
+        (8, 7.0, 1.0, 7),  # judge is cheap: 7 rollout devices, 1 judge
+        (8, 1.0, 1.0, 4),  # equal work: half and half
+        (8, 1.0, 7.0, 1),  # judge is expensive
+        (2, 5.0, 0.1, 1),  # two devices: the only split
+        (8, 3.0, 1.0, 6),  # max(3/6, 1/2) = 0.5 beats max(3/5, 1/3) and max(3/7, 1)
+    ],
+)
 def test_choose_rollout_devices(n, rollout_s, genrm_s, expected):
     assert choose_rollout_devices(n, rollout_s, genrm_s) == expected
 
@@ -55,8 +58,9 @@ def test_schedule_static_and_full():
 def test_ownership_switches_run_hooks_and_charge_time():
     calls = []
     role = lambda name: HookRole(lambda: calls.append(f"off:{name}") or {}, lambda: calls.append(f"on:{name}") or {})
-    own = DeviceOwnership({"rollout": role("rollout"), "genrm": role("genrm"), "train": role("train")},
-                          initial_owner="rollout")
+    own = DeviceOwnership(
+        {"rollout": role("rollout"), "genrm": role("genrm"), "train": role("train")}, initial_owner="rollout"
+    )
     with own.own("rollout"):
         pass
     own.acquire("genrm")
@@ -66,7 +70,10 @@ def test_ownership_switches_run_hooks_and_charge_time():
     m = own.take_metrics()
     assert m["placement/switches"] == 2
     assert set(k for k in m if k.startswith("placement/owned_")) == {
-        "placement/owned_rollout_s", "placement/owned_genrm_s", "placement/owned_train_s"}
+        "placement/owned_rollout_s",
+        "placement/owned_genrm_s",
+        "placement/owned_train_s",
+    }
     with pytest.raises(KeyError, match="unknown role"):
         own.acquire("critic")
 

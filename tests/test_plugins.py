@@ -24,8 +24,11 @@ def own_rules(monkeypatch):
 
 
 def test_a_verifier_from_tests_scores_the_rows_of_its_data_source(tmp_path):
-    with fake_shard(tmp_path, "reward.verifiers.even_digit=tests.plugins.my_verifier:even_digit",
-                    "data.train.data_source=even_digit") as (shard, _):
+    with fake_shard(
+        tmp_path,
+        "reward.verifiers.even_digit=tests.plugins.my_verifier:even_digit",
+        "data.train.data_source=even_digit",
+    ) as (shard, _):
         metrics = shard.step(1)
         # the fake engine answers 0..7 to every prompt: 4 even digits in each group (exact_match: 1 in 8)
         assert metrics["reward/mean"] == 0.5 and metrics["actor/grad_norm"] > 0
@@ -56,18 +59,19 @@ def test_an_advantage_estimator_from_tests_gets_its_own_section_and_trains(tmp_p
         assert load_experiment(tmp_path / "resolved.yaml").algorithm.advantage == section
 
 
-OUTSIDE = '''
+OUTSIDE = """
 def ends_in_seven(response, row):
     return float(response.strip().endswith("7"))
-'''
+"""
 
 
 def test_a_verifier_from_a_file_outside_yatt_and_tests(tmp_path, monkeypatch):
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "outside_rewards.py").write_text(OUTSIDE)
     monkeypatch.syspath_prepend(str(tmp_path / "outside"))
-    with fake_shard(tmp_path, "reward.verifiers.sevens=outside_rewards:ends_in_seven",
-                    "data.train.data_source=sevens") as (shard, _):
+    with fake_shard(
+        tmp_path, "reward.verifiers.sevens=outside_rewards:ends_in_seven", "data.train.data_source=sevens"
+    ) as (shard, _):
         shard.step(1)
         # every prompt's sample "7" scores 1, whatever the prompt's own answer (exact_match: only "0+7=")
         assert sorted({(r.text, r.reward) for r in shard.last_rollouts}) == [(str(j), float(j == 7)) for j in range(8)]
@@ -93,17 +97,23 @@ def test_an_import_path_that_does_not_load_is_one_line_naming_the_field_and_the_
     # reward.verifiers: the config check imports nothing; reading the data (before any engine) does
     cfg = load_experiment(config, ["reward.verifiers.mine=broken_rewards:score"])
     assert cfg.reward.verifiers == {"mine": "broken_rewards:score"}
-    cases = {("reward.verifiers.mine=broken_rewards:score",):
-             "reward.verifiers.mine: cannot import 'broken_rewards' (from 'broken_rewards:score'): RuntimeError: "
-             "no GPU here",
-             ("reward.verifiers.mine=nowhere_pkg.rewards:score",):
-             "reward.verifiers.mine: cannot import 'nowhere_pkg.rewards' (from 'nowhere_pkg.rewards:score'): No "
-             "module named 'nowhere_pkg'",
-             ("reward.verifiers.mine=tests.plugins.my_verifier:odd_digit",):
-             "reward.verifiers.mine: 'tests.plugins.my_verifier' has no attribute 'odd_digit' (from "
-             "'tests.plugins.my_verifier:odd_digit')",
-             ("data.train.data_source=mine",):
-             "no verifier for data_source 'mine'; registered: addition, exact_match, last_number, reasoning_gym/"}
+    cases = {
+        (
+            "reward.verifiers.mine=broken_rewards:score",
+        ): "reward.verifiers.mine: cannot import 'broken_rewards' (from 'broken_rewards:score'): RuntimeError: "
+        "no GPU here",
+        (
+            "reward.verifiers.mine=nowhere_pkg.rewards:score",
+        ): "reward.verifiers.mine: cannot import 'nowhere_pkg.rewards' (from 'nowhere_pkg.rewards:score'): No "
+        "module named 'nowhere_pkg'",
+        (
+            "reward.verifiers.mine=tests.plugins.my_verifier:odd_digit",
+        ): "reward.verifiers.mine: 'tests.plugins.my_verifier' has no attribute 'odd_digit' (from "
+        "'tests.plugins.my_verifier:odd_digit')",
+        (
+            "data.train.data_source=mine",
+        ): "no verifier for data_source 'mine'; registered: addition, exact_match, last_number, reasoning_gym/",
+    }
     for overrides, message in cases.items():
         with pytest.raises(DataError) as err:
             rank_data(config, *overrides)
@@ -112,24 +122,30 @@ def test_an_import_path_that_does_not_load_is_one_line_naming_the_field_and_the_
     with pytest.raises(ConfigError, match="reward.verifiers.mine: 'broken_rewards' is not an import path"):
         load_experiment(config, ["reward.verifiers.mine=broken_rewards"])
     # the algorithm's plug-ins are imported when the config is checked: a config error naming field and path
-    cases = {"algorithm.advantage.kind=nowhere_pkg:ESTIMATOR":
-             "algorithm.advantage.kind: cannot import 'nowhere_pkg' (from 'nowhere_pkg:ESTIMATOR')",
-             "algorithm.policy_loss.kind=broken_rewards:LOSS":
-             "algorithm.policy_loss.kind: cannot import 'broken_rewards' (from 'broken_rewards:LOSS'): RuntimeError",
-             "algorithm.kl_estimator=nowhere_pkg:k9": "algorithm.kl_estimator: cannot import 'nowhere_pkg'",
-             "balance.partitioner=nowhere_pkg:split": "balance.partitioner: cannot import 'nowhere_pkg'",
-             "algorithm.advantage.kind=tests.plugins.my_verifier:even_digit":
-             "algorithm.advantage.kind 'tests.plugins.my_verifier:even_digit' has no `config` section class"}
+    cases = {
+        "algorithm.advantage.kind=nowhere_pkg:ESTIMATOR": (
+            "algorithm.advantage.kind: cannot import 'nowhere_pkg' (from 'nowhere_pkg:ESTIMATOR')"
+        ),
+        "algorithm.policy_loss.kind=broken_rewards:LOSS": (
+            "algorithm.policy_loss.kind: cannot import 'broken_rewards' (from 'broken_rewards:LOSS'): RuntimeError"
+        ),
+        "algorithm.kl_estimator=nowhere_pkg:k9": "algorithm.kl_estimator: cannot import 'nowhere_pkg'",
+        "balance.partitioner=nowhere_pkg:split": "balance.partitioner: cannot import 'nowhere_pkg'",
+        "algorithm.advantage.kind=tests.plugins.my_verifier:even_digit": (
+            "algorithm.advantage.kind 'tests.plugins.my_verifier:even_digit' has no `config` section class"
+        ),
+    }
     for override, message in cases.items():
         with pytest.raises(ConfigError) as err:
             load_experiment(config, [override])
         assert message in str(err.value), (override, str(err.value))
     with pytest.raises(ConfigError, match="algorithm.advantage.plugin.scale: Input should be greater than 0"):
-        load_experiment(config, ["algorithm.advantage.kind=tests.plugins.my_advantage:ESTIMATOR",
-                                 "algorithm.advantage.scale=-1"])
+        load_experiment(
+            config, ["algorithm.advantage.kind=tests.plugins.my_advantage:ESTIMATOR", "algorithm.advantage.scale=-1"]
+        )
 
 
-VANILLA_PG = '''
+VANILLA_PG = """
 from pydantic import Field
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
 
@@ -144,7 +160,7 @@ def vanilla(logprobs, old_logprobs, advantages, mask, cfg):
 
 
 LOSS = PolicyLoss(config=VanillaConfig, compute=vanilla, stats=("logprob_mean",))
-'''
+"""
 
 
 def test_a_policy_loss_by_import_path_gets_its_section_and_its_stats_logged(tmp_path, monkeypatch):
@@ -152,8 +168,10 @@ def test_a_policy_loss_by_import_path_gets_its_section_and_its_stats_logged(tmp_
 
     (tmp_path / "vanilla_pg.py").write_text(VANILLA_PG)
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = load_experiment(experiment(tmp_path, ONE_TOKEN_GRPO),
-                          ["algorithm.policy_loss.kind=vanilla_pg:LOSS", "algorithm.policy_loss.weight=2"])
+    cfg = load_experiment(
+        experiment(tmp_path, ONE_TOKEN_GRPO),
+        ["algorithm.policy_loss.kind=vanilla_pg:LOSS", "algorithm.policy_loss.weight=2"],
+    )
     algorithm = Algorithm(cfg.algorithm)
     assert cfg.algorithm.policy_loss.weight == 2.0 and algorithm.stats == ("policy_loss", "logprob_mean")
     logprobs, mask = torch.tensor([[-1.0, -2.0]]), torch.tensor([[1.0, 1.0]])

@@ -21,10 +21,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 def test_quickstart_learns_within_ten_minutes(tmp_path, backend):
     """The RL part within 600 s, with either rollout backend (the SFT before it is built once and reused)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "launch/sft.py", "--config", "configs/sft_quickstart.yaml"],
-                   cwd=REPO, env=env, check=True, timeout=600)
-    summary, wall = train_repo_config("configs/quickstart.yaml", "quickstart", tmp_path, "--placement", "full",
-                                      f"rollout.engine.backend={backend}", timeout=900)
+    subprocess.run(
+        [sys.executable, "launch/sft.py", "--config", "configs/sft_quickstart.yaml"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    summary, wall = train_repo_config(
+        "configs/quickstart.yaml",
+        "quickstart",
+        tmp_path,
+        "--placement",
+        "full",
+        f"rollout.engine.backend={backend}",
+        timeout=900,
+    )
     assert summary["end_accuracy"] >= 0.90, summary
     assert summary["end_accuracy"] - summary["start_accuracy"] >= 0.30, summary
     assert wall <= 600, f"quickstart RL took {wall:.0f}s"
@@ -35,10 +47,12 @@ def test_quickstart_with_genrm_reward_learns(tmp_path, placement):
     """The same bar with the tiny judge as the only reward; held-out accuracy is still the exact-match rule."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for config in ("configs/sft_quickstart.yaml", "configs/sft_judge.yaml", "configs/sft_judge_near_miss.yaml"):
-        subprocess.run([sys.executable, "launch/sft.py", "--config", config], cwd=REPO, env=env, check=True,
-                       timeout=1800)
-    summary, _ = train_repo_config("configs/quickstart_genrm.yaml", "quickstart_genrm", tmp_path, "--placement",
-                                   placement, timeout=3600)  # 32-40 min here
+        subprocess.run(
+            [sys.executable, "launch/sft.py", "--config", config], cwd=REPO, env=env, check=True, timeout=1800
+        )
+    summary, _ = train_repo_config(
+        "configs/quickstart_genrm.yaml", "quickstart_genrm", tmp_path, "--placement", placement, timeout=3600
+    )  # 32-40 min here
     assert summary["end_accuracy"] >= 0.90, summary
     assert summary["end_accuracy"] - summary["start_accuracy"] >= 0.30, summary
 
@@ -49,9 +63,22 @@ def test_quickstart_learns_with_megatron_tensor_parallel(tmp_path):
     so both ranks train the same 64 prompts per step); ~25 min here, no time bar (each rank of the TP group
     generates the whole slice)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, "launch/sft.py", "--config", "configs/sft_quickstart.yaml"],
-                   cwd=REPO, env=env, check=True, timeout=600)
-    summary, _ = train_repo_config("configs/quickstart.yaml", "quickstart", tmp_path, "--placement", "full",
-                                   "trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", timeout=3600)
+    subprocess.run(
+        [sys.executable, "launch/sft.py", "--config", "configs/sft_quickstart.yaml"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        timeout=600,
+    )
+    summary, _ = train_repo_config(
+        "configs/quickstart.yaml",
+        "quickstart",
+        tmp_path,
+        "--placement",
+        "full",
+        "trainer.backend=megatron",
+        "trainer.megatron.tensor_parallel=2",
+        timeout=3600,
+    )
     assert summary["end_accuracy"] >= 0.90, summary
     assert summary["end_accuracy"] - summary["start_accuracy"] >= 0.30, summary

@@ -13,9 +13,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from yatt.distributed import World, close_world
-from yatt.transport.secret import (FINGERPRINT_KEY, SECRET_ENV, SECRET_FILE, SECRET_FILE_ENV, RunSecretError,
-                                       provided_secret, read_secret_file, run_secret)
 from yatt.placement.engine_lifecycle import ROLLOUT, derive_secret
+from yatt.transport.secret import (
+    FINGERPRINT_KEY,
+    SECRET_ENV,
+    SECRET_FILE,
+    SECRET_FILE_ENV,
+    RunSecretError,
+    provided_secret,
+    read_secret_file,
+    run_secret,
+)
 
 
 def _free_port() -> int:
@@ -63,8 +71,7 @@ def test_an_outsider_reading_the_store_cannot_obtain_a_working_key(tmp_path):
     def outsider(port: int) -> None:
         # Any process that reaches the rendezvous port: a plain store client, no rank.
         # (yatt keys sit under the default group's "0/" prefix: that hides nothing)
-        store = dist.PrefixStore("0/", dist.TCPStore("127.0.0.1", port, is_master=False,
-                                                     timeout=timedelta(seconds=5)))
+        store = dist.PrefixStore("0/", dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5)))
         for key in ("yatt/run_secret", f"yatt/{FINGERPRINT_KEY}"):
             seen[key] = store.get(key).decode() if store.check([key]) else None
 
@@ -102,6 +109,7 @@ def test_provided_secrets_are_checked(tmp_path):
 def test_a_rank_without_the_secret_file_fails_clearly(tmp_path, monkeypatch):
     # A world of one whose rank is not 0 and whose run directory lacks the file (an unshared node).
     from yatt import distributed
+
     monkeypatch.setitem(distributed._LOCAL_STORE, FINGERPRINT_KEY, "0" * 32)
     world = World(1, 1, 0, torch.device("cpu"))
     with pytest.raises(RunSecretError, match=f"{SECRET_FILE}.*does not exist.*{SECRET_ENV}"):

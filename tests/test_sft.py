@@ -23,8 +23,14 @@ def test_short_sft_run_writes_loadable_folder(tmp_path):
     out = tmp_path / "policy"
     cfg = SFTConfig(
         model={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
-        sft_file=paths["sft"], eval_file=paths["eval"], output_dir=out,
-        batch_size=32, max_steps=30, eval_every=10, eval_examples=20, stop_at_accuracy=1.0,
+        sft_file=paths["sft"],
+        eval_file=paths["eval"],
+        output_dir=out,
+        batch_size=32,
+        max_steps=30,
+        eval_every=10,
+        eval_examples=20,
+        stop_at_accuracy=1.0,
     )
     summary = run_sft(cfg, log=lambda msg: None)
 
@@ -41,8 +47,16 @@ def test_short_sft_run_writes_loadable_folder(tmp_path):
     assert model(ids).logits.shape == (1, 8, len(tokenizer))
 
     # A second stage continues from the first model (init_from) instead of a fresh one.
-    stage2 = cfg.model_copy(update={"init_from": out, "output_dir": tmp_path / "stage2", "max_steps": 10,
-                                    "eval_every": 10, "warmup_steps": 0, "lr_schedule": "cosine"})
+    stage2 = cfg.model_copy(
+        update={
+            "init_from": out,
+            "output_dir": tmp_path / "stage2",
+            "max_steps": 10,
+            "eval_every": 10,
+            "warmup_steps": 0,
+            "lr_schedule": "cosine",
+        }
+    )
     summary2 = run_sft(stage2, log=lambda msg: None)
     assert summary2["params"] == summary["params"]
     assert summary2["history"][0]["loss"] < summary["history"][0]["loss"]  # starts where stage 1 ended
@@ -76,7 +90,9 @@ def test_unknown_config_key_names_key_and_file(tmp_path):
 
     result = subprocess.run(
         [sys.executable, str(REPO / "launch" / "sft.py"), "--config", str(path), "model.hidden=3"],
-        capture_output=True, text=True, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
     )
     assert result.returncode == 2
     assert "learning_rate" in result.stderr and "model.hidden" in result.stderr and str(path) in result.stderr

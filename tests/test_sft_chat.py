@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from chat_tokenizer import chat_tokenizer
+
 from yatt.data.errors import DataError
 from yatt.data.jsonl import read_jsonl_shard
 from yatt.data.sft import encode_examples, eval_prompt
@@ -21,8 +21,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def chat_rows(path, count, data_source="last_number"):
-    rows = [{"messages": [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": f"{a + b}"}],
-             "data_source": data_source} for a in range(10) for b in range(10)][:count]
+    rows = [
+        {
+            "messages": [{"role": "user", "content": f"{a}+{b}?"}, {"role": "assistant", "content": f"{a + b}"}],
+            "data_source": data_source,
+        }
+        for a in range(10)
+        for b in range(10)
+    ][:count]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -33,9 +39,20 @@ def chat_model(tmp_path_factory):
     folder = tmp_path_factory.mktemp("chat_model")
     tok = chat_tokenizer()
     tok.eos_token = "<|im_end|>"  # as in SmolLM2: the end of a turn ends generation
-    model = build_tiny_model(TinyModelConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                             num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256),
-                             len(tok), tok.eos_token_id, tok.pad_token_id, seed=0)
+    model = build_tiny_model(
+        TinyModelConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=256,
+        ),
+        len(tok),
+        tok.eos_token_id,
+        tok.pad_token_id,
+        seed=0,
+    )
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
@@ -44,14 +61,26 @@ def chat_model(tmp_path_factory):
 def test_loss_only_on_assistant_turns(tmp_path):
     tok = chat_tokenizer()
     path = tmp_path / "chat.jsonl"
-    path.write_text(json.dumps({"messages": [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+2?"},
-        {"role": "assistant", "content": "3"}, {"role": "user", "content": "and 2+2?"},
-        {"role": "assistant", "content": "4"}]}) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "1+2?"},
+                    {"role": "assistant", "content": "3"},
+                    {"role": "user", "content": "and 2+2?"},
+                    {"role": "assistant", "content": "4"},
+                ]
+            }
+        )
+        + "\n"
+    )
     ids, labels = encode_examples(read_jsonl_shard([path], 0, 1), tok)
-    assert tok.decode(ids[0]) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+2?<|im_end|>\n"
-                                  "<|im_start|>assistant\n3<|im_end|>\n<|im_start|>user\nand 2+2?<|im_end|>\n"
-                                  "<|im_start|>assistant\n4<|im_end|>\n")
+    assert tok.decode(ids[0]) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+2?<|im_end|>\n"
+        "<|im_start|>assistant\n3<|im_end|>\n<|im_start|>user\nand 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n4<|im_end|>\n"
+    )
     learned = tok.decode([int(t) for t, y in zip(ids[0], labels[0]) if y != -100])
     assert learned == "3<|im_end|>\n4<|im_end|>\n"  # the assistant turns and their end-of-turn text, nothing else
     assert bool((labels[0][labels[0] != -100] == ids[0][labels[0] != -100]).all())
@@ -73,16 +102,33 @@ def test_stop_check_goes_through_the_rows_verifier(tmp_path, monkeypatch, chat_m
     monkeypatch.setattr(sft_module, "greedy_decode", lambda m, p, n, e: torch.tensor([reply] * p.shape[0]))
     for source, expected in (("last_number", 1.0), ("exact_match", 0.0)):
         path = tmp_path / f"{source}.jsonl"
-        path.write_text(json.dumps({"messages": [{"role": "user", "content": "1+2?"},
-                                                 {"role": "assistant", "content": "3"}], "data_source": source}) + "\n")
+        path.write_text(
+            json.dumps(
+                {
+                    "messages": [{"role": "user", "content": "1+2?"}, {"role": "assistant", "content": "3"}],
+                    "data_source": source,
+                }
+            )
+            + "\n"
+        )
         assert evaluate(model, tok, read_jsonl_shard([path], 0, 1), 8) == expected
 
 
 def test_sft_from_an_hf_folder_on_messages_rows(tmp_path, chat_model):
     torch.set_num_threads(1)
-    cfg = SFTConfig(init_from=chat_model, sft_file=chat_rows(tmp_path / "sft.jsonl", 100),
-                    eval_file=chat_rows(tmp_path / "eval.jsonl", 8), output_dir=tmp_path / "out", lr=3e-3,
-                    warmup_steps=0, batch_size=16, max_steps=20, eval_every=10, max_new_tokens=4, log_every=5)
+    cfg = SFTConfig(
+        init_from=chat_model,
+        sft_file=chat_rows(tmp_path / "sft.jsonl", 100),
+        eval_file=chat_rows(tmp_path / "eval.jsonl", 8),
+        output_dir=tmp_path / "out",
+        lr=3e-3,
+        warmup_steps=0,
+        batch_size=16,
+        max_steps=20,
+        eval_every=10,
+        max_new_tokens=4,
+        log_every=5,
+    )
     lines = []
     summary = run_sft(cfg, log=lines.append)
     assert summary["history"][-1]["loss"] < summary["history"][0]["loss"]
@@ -94,13 +140,20 @@ def test_launcher_names_the_row_and_character(tmp_path):
     sft = tmp_path / "sft.jsonl"
     sft.write_text('{"prompt": "1+2=", "answer": "3"}\n{"prompt": "12/4=", "answer": "3"}\n')
     config = tmp_path / "sft.yaml"
-    config.write_text(f"model: {{alphabet: '0123456789+='}}\nsft_file: {sft}\neval_file: {sft}\n"
-                      f"output_dir: {tmp_path / 'out'}\n")
-    proc = subprocess.run([sys.executable, str(REPO / "launch/sft.py"), "--config", str(config)],
-                          capture_output=True, text=True, cwd=tmp_path)
+    config.write_text(
+        f"model: {{alphabet: '0123456789+='}}\nsft_file: {sft}\neval_file: {sft}\noutput_dir: {tmp_path / 'out'}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launch/sft.py"), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == f"error: {sft}:2: character '/' (position 2) is not in the tokenizer's vocabulary; " \
-                                  "it would become '<pad>'"
+    assert (
+        proc.stderr.strip() == f"error: {sft}:2: character '/' (position 2) is not in the tokenizer's vocabulary; "
+        "it would become '<pad>'"
+    )
 
 
 def test_sft_rows_need_something_to_learn(tmp_path):

@@ -11,8 +11,9 @@ def test_sft_vl_lowers_the_loss_and_writes_a_vl_folder(tmp_path):
     write_shapes_files(tmp_path / "data", sizes={"sft": 64, "eval": 16}, grid=2, cell=16)
     out = tmp_path / "policy"
     logs = []
-    result = run_sft_vl(tmp_path / "data", out, stop_at=1.01, batch_size=16, max_steps=20, eval_every=10,
-                        log=logs.append)
+    result = run_sft_vl(
+        tmp_path / "data", out, stop_at=1.01, batch_size=16, max_steps=20, eval_every=10, log=logs.append
+    )
     assert result["steps"] == 20 and len(result["history"]) == 2 and len(logs) == 2
     assert result["history"][-1]["loss"] < 2.0  # from ~log(87) for a random head: the answer format is learnt
     assert is_vision_model(out) and (out / "processor_config.json").is_file()
@@ -38,11 +39,27 @@ def test_balanced_batches_draw_every_answer_equally_and_the_stop_needs_every_ans
 
 def test_sft_vl_stops_only_when_every_answer_reaches_the_floor(tmp_path):
     write_shapes_files(tmp_path / "data", sizes={"sft": 64, "eval": 16}, grid=2, cell=16)
-    result = run_sft_vl(tmp_path / "data", tmp_path / "policy", stop_at=0.0, min_answer_accuracy=1.01,
-                        batch_size=16, max_steps=10, eval_every=5, log=lambda _: None)
+    result = run_sft_vl(
+        tmp_path / "data",
+        tmp_path / "policy",
+        stop_at=0.0,
+        min_answer_accuracy=1.01,
+        batch_size=16,
+        max_steps=10,
+        eval_every=5,
+        log=lambda _: None,
+    )
     assert result["steps"] == 10  # accuracy >= 0 at once, but no answer can be > 100% right
     last = result["history"][-1]["per_answer"]
     assert last and all(0.0 <= v <= 1.0 for v in last.values())
-    stopped = run_sft_vl(tmp_path / "data", tmp_path / "policy2", stop_at=0.0, min_answer_accuracy=0.0,
-                         batch_size=16, max_steps=10, eval_every=5, log=lambda _: None)
+    stopped = run_sft_vl(
+        tmp_path / "data",
+        tmp_path / "policy2",
+        stop_at=0.0,
+        min_answer_accuracy=0.0,
+        batch_size=16,
+        max_steps=10,
+        eval_every=5,
+        log=lambda _: None,
+    )
     assert stopped["steps"] == 5

@@ -43,8 +43,9 @@ class FakeEngine:
 
     def _sample(self, j: int, spec: SamplingSpec) -> Completion:
         tokens = [self.digit_ids[j % 10], self.eos][: spec.max_tokens]
-        return Completion(tokens, [-1.0] * len(tokens) if spec.logprobs else [],
-                          "stop" if tokens[-1] == self.eos else "length")
+        return Completion(
+            tokens, [-1.0] * len(tokens) if spec.logprobs else [], "stop" if tokens[-1] == self.eos else "length"
+        )
 
     def num_unfinished(self):
         return len(self.queued)
@@ -150,8 +151,14 @@ def test_the_stages_hand_their_data_on_as_return_values(shard):
 def test_the_step_follows_the_configured_algorithm(shard):
     shard, _ = shard
     assert shard.algorithm.estimator.config.__name__ == "GRPOConfig"
-    assert shard.algorithm.stats == ("policy_loss", "clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl",
-                                     "approx_kl_k2")
+    assert shard.algorithm.stats == (
+        "policy_loss",
+        "clip_frac",
+        "dual_clip_frac",
+        "ratio_mean",
+        "approx_kl",
+        "approx_kl_k2",
+    )
     state = shard.state_dict()
     assert shard.replicated == ("trainer",) and set(state) >= {"trainer", "train_stream", "rng", "progress"}
 
@@ -165,8 +172,15 @@ def test_reusing_the_on_policy_forward_changes_nothing_but_the_work(tmp_path):
         with fake_shard(tmp_path / mode, f"algorithm.old_logprobs={mode}") as (shard, _):
             results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
     (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
-    for key in ("actor/policy_loss", "actor/ratio_mean", "actor/clip_frac", "actor/grad_norm", "actor/entropy",
-                "rollout/trainer_logprob_diff_mean", "rollout/trainer_logprob_diff_max"):
+    for key in (
+        "actor/policy_loss",
+        "actor/ratio_mean",
+        "actor/clip_frac",
+        "actor/grad_norm",
+        "actor/entropy",
+        "rollout/trainer_logprob_diff_mean",
+        "rollout/trainer_logprob_diff_max",
+    ):
         assert got[key] == pytest.approx(want[key], abs=1e-5), key
     assert want["actor/entropy"] > 0
     for name, w in want_w.items():
@@ -180,17 +194,34 @@ def test_reusing_the_on_policy_forward_changes_nothing_but_the_work(tmp_path):
 
 ALGORITHMS = {
     "rloo": ["algorithm.advantage.kind=rloo"],
-    "reinforce_pp_kl_reward": ["algorithm.advantage.kind=reinforce_pp", "algorithm.kl_coef=0.05",
-                               "algorithm.kl_mode=reward", "algorithm.kl_estimator=k1"],
+    "reinforce_pp_kl_reward": [
+        "algorithm.advantage.kind=reinforce_pp",
+        "algorithm.kl_coef=0.05",
+        "algorithm.kl_mode=reward",
+        "algorithm.kl_estimator=k1",
+    ],
     "reinforce_pp_baseline": ["algorithm.advantage.kind=reinforce_pp_baseline"],
-    "gspo_entropy_masked_is": ["algorithm.policy_loss.kind=gspo", "algorithm.loss_agg=seq-mean-token-mean",
-                               "algorithm.entropy_coef=0.01", "algorithm.rollout_is.mode=mask",
-                               "algorithm.rollout_is.level=sequence"],
-    "recompute_truncated_is_adaptive_kl": ["algorithm.old_logprobs=recompute", "algorithm.rollout_is.mode=truncate",
-                                           "algorithm.kl_coef=0.1", "algorithm.kl_control.kind=adaptive",
-                                           "algorithm.kl_control.target_kl=1e-6", "algorithm.kl_control.horizon=64"],
-    "ppo_critic_kl_reward": ["algorithm.advantage.kind=gae", "algorithm.kl_coef=0.05", "algorithm.kl_mode=reward",
-                             "critic.loss_agg=seq-mean-token-mean"],
+    "gspo_entropy_masked_is": [
+        "algorithm.policy_loss.kind=gspo",
+        "algorithm.loss_agg=seq-mean-token-mean",
+        "algorithm.entropy_coef=0.01",
+        "algorithm.rollout_is.mode=mask",
+        "algorithm.rollout_is.level=sequence",
+    ],
+    "recompute_truncated_is_adaptive_kl": [
+        "algorithm.old_logprobs=recompute",
+        "algorithm.rollout_is.mode=truncate",
+        "algorithm.kl_coef=0.1",
+        "algorithm.kl_control.kind=adaptive",
+        "algorithm.kl_control.target_kl=1e-6",
+        "algorithm.kl_control.horizon=64",
+    ],
+    "ppo_critic_kl_reward": [
+        "algorithm.advantage.kind=gae",
+        "algorithm.kl_coef=0.05",
+        "algorithm.kl_mode=reward",
+        "critic.loss_agg=seq-mean-token-mean",
+    ],
 }
 
 
@@ -259,14 +290,25 @@ def test_rollout_is_weights_are_the_same_with_reused_old_logprobs(tmp_path):
     results = {}
     for mode in ("recompute", "reuse"):
         torch.manual_seed(0)
-        with fake_shard(tmp_path / mode, f"algorithm.old_logprobs={mode}", "algorithm.rollout_is.mode=mask",
-                        "algorithm.rollout_is.lower_threshold=0.25") as (shard, _):
+        with fake_shard(
+            tmp_path / mode,
+            f"algorithm.old_logprobs={mode}",
+            "algorithm.rollout_is.mode=mask",
+            "algorithm.rollout_is.lower_threshold=0.25",
+        ) as (shard, _):
             results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
     (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
     # the fake's -1 per token against the trainer's own log-probs: some tokens dropped, not all
     assert 0 < want["rollout_is/changed_frac"] < 1
-    for key in ("actor/policy_loss", "actor/grad_norm", "rollout_is/ratio_mean", "rollout_is/ratio_max",
-                "rollout_is/changed_frac", "rollout_is/weight_mean", "rollout_is/mismatch_kl"):
+    for key in (
+        "actor/policy_loss",
+        "actor/grad_norm",
+        "rollout_is/ratio_mean",
+        "rollout_is/ratio_max",
+        "rollout_is/changed_frac",
+        "rollout_is/weight_mean",
+        "rollout_is/mismatch_kl",
+    ):
         assert got[key] == pytest.approx(want[key], abs=1e-5), key
     for name, w in want_w.items():
         torch.testing.assert_close(got_w[name], w, rtol=0, atol=1e-5)

@@ -22,9 +22,18 @@ def fake_history(path, steps=6):
             if step % 3 == 0:
                 record.update({"eval/accuracy": 0.1 * step, "eval/score": 0.15 * step})
             if step:
-                record.update({"reward/mean": 0.1 * step, "reward/correct_frac": 0.05 * step, "actor/entropy": 1 / step,
-                               "response/length_mean": 10.0 + step, "response/length_max": 20.0,
-                               "time/generate_s": 0.5, "time/update_s": 0.3, "time/sync_s": 0.05})
+                record.update(
+                    {
+                        "reward/mean": 0.1 * step,
+                        "reward/correct_frac": 0.05 * step,
+                        "actor/entropy": 1 / step,
+                        "response/length_mean": 10.0 + step,
+                        "response/length_max": 20.0,
+                        "time/generate_s": 0.5,
+                        "time/update_s": 0.3,
+                        "time/sync_s": 0.05,
+                    }
+                )
             f.write(json.dumps(record) + "\n")
 
 
@@ -62,13 +71,33 @@ def test_plot_writes_a_png(tmp_path):
 
 def test_sample_records_show_prompts_responses_rewards_and_judges():
     rows = [PromptRow(i, f"{i}+1=", None, str(i + 1), "exact_match") for i in range(3)]
-    train = [Rollout(rows[i // 2], [1], [2, 3], [0.0, 0.0], "stop", text=f"r{i}", reward=float(i % 2),
-                     rule_score=float(i % 2), judge_scores={"judge": 0.5}) for i in range(6)]
+    train = [
+        Rollout(
+            rows[i // 2],
+            [1],
+            [2, 3],
+            [0.0, 0.0],
+            "stop",
+            text=f"r{i}",
+            reward=float(i % 2),
+            rule_score=float(i % 2),
+            judge_scores={"judge": 0.5},
+        )
+        for i in range(6)
+    ]
     evals = [Rollout(r, [1], [2], [], "stop", text=r.answer, reward=1.0) for r in rows]
     records = sample_records(7, evals, train, count=2)
     assert [(r["split"], r["index"]) for r in records] == [("eval", 0), ("eval", 1), ("train", 0), ("train", 1)]
-    assert records[0] == {"step": 7, "split": "eval", "index": 0, "prompt": "0+1=", "answer": "1",
-                          "data_source": "exact_match", "response": "1", "score": 1.0}
+    assert records[0] == {
+        "step": 7,
+        "split": "eval",
+        "index": 0,
+        "prompt": "0+1=",
+        "answer": "1",
+        "data_source": "exact_match",
+        "response": "1",
+        "score": 1.0,
+    }
     group = records[3]["responses"]
     assert [g["text"] for g in group] == ["r2", "r3"] and group[1]["reward"] == 1.0
     assert group[0]["judge_scores"] == {"judge": 0.5} and group[0]["tokens"] == 2
@@ -84,11 +113,13 @@ def test_missing_package_is_a_config_error(tmp_path, monkeypatch, setting):
 
     write_tiny_model(tmp_path / "m")
     (tmp_path / "d.jsonl").write_text('{"prompt": "1"}\n')
-    (tmp_path / "c.yaml").write_text(f"model: {{path: {tmp_path / 'm'}}}\n"
-                                     f"data: {{train: {{kind: jsonl, files: [{tmp_path / 'd.jsonl'}]}}}}\n")
+    (tmp_path / "c.yaml").write_text(
+        f"model: {{path: {tmp_path / 'm'}}}\ndata: {{train: {{kind: jsonl, files: [{tmp_path / 'd.jsonl'}]}}}}\n"
+    )
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name in ("tensorboard", "wandb") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("tensorboard", "wandb") else real(name, *a)
+    )
     cfg = load_experiment(tmp_path / "c.yaml", [setting])
     with pytest.raises(ConfigError, match=rf"{setting} needs the \w+ package: pip install 'yatt\["):
         check_run(cfg, 1, "c.yaml")

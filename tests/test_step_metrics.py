@@ -13,24 +13,35 @@ from yatt.data.rollout import Rollout
 from yatt.placement.metrics import maxed, summed
 
 G = 2
-CFG = SimpleNamespace(rollout=SimpleNamespace(group_size=G), balance=SimpleNamespace(enabled=False, attention_coef=0.0),
-                      algorithm=SimpleNamespace(kl_estimator="k1", dynamic_sampling=SimpleNamespace(enabled=False)))
+CFG = SimpleNamespace(
+    rollout=SimpleNamespace(group_size=G),
+    balance=SimpleNamespace(enabled=False, attention_coef=0.0),
+    algorithm=SimpleNamespace(kl_estimator="k1", dynamic_sampling=SimpleNamespace(enabled=False)),
+)
 STATS = ("policy_loss",)
 
 
 def rank_reductions(responses: list[list[int]], rewards: list[float], seconds: dict[str, float]):
     """One rank's step_reductions for rollouts of a 2-token prompt; the trainer's log-probs differ from the
     engine's by 0.5 on the last rollout's tokens."""
-    rollouts = [Rollout(None, [1, 2], ids, [-1.0] * len(ids), "length" if len(ids) > 2 else "stop", reward=reward)
-                for ids, reward in zip(responses, rewards)]
+    rollouts = [
+        Rollout(None, [1, 2], ids, [-1.0] * len(ids), "length" if len(ids) > 2 else "stop", reward=reward)
+        for ids, reward in zip(responses, rewards)
+    ]
     batch = token_batch(rollouts, pad_id=0, temperature=1.0)
     old = batch.extras["rollout_logprobs"].clone()
     if rollouts:
         old[-1] -= 0.5 * batch.mask[-1]
     batch.extras["old_logprobs"] = old
     tokens = float(batch.mask.sum())
-    update = {"tokens": tokens, "policy_loss": 0.25 * tokens, "grad_norm": 2.0, "lr": 0.2, "skipped": 0.0,
-              "optimizer_steps": 2.0}
+    update = {
+        "tokens": tokens,
+        "policy_loss": 0.25 * tokens,
+        "grad_norm": 2.0,
+        "lr": 0.2,
+        "skipped": 0.0,
+        "optimizer_steps": 2.0,
+    }
     return (*step_reductions(CFG, STATS, rollouts, batch, torch.zeros_like(batch.mask), None, update, seconds), update)
 
 
@@ -52,10 +63,16 @@ class Ranks:
 def test_step_metrics_come_from_named_sums_and_maxima_over_ranks():
     seconds = {"update": 1.0, "generate": 2.0}
     sums0, peaks0, update = rank_reductions([[5], [6, 7, 8]], [1.0, 0.0], seconds)
-    sums1, peaks1, _ = rank_reductions([[5, 6], [5, 6], [7], [7]], [1.0, 1.0, 0.0, 1.0],
-                                       {"update": 3.0, "generate": 1.0})
-    assert list(peaks0) == ["response/length_max", "rollout/trainer_logprob_diff_max", "workload",
-                            "time/generate_s", "time/update_s"]  # by name, in one order on every rank
+    sums1, peaks1, _ = rank_reductions(
+        [[5, 6], [5, 6], [7], [7]], [1.0, 1.0, 0.0, 1.0], {"update": 3.0, "generate": 1.0}
+    )
+    assert list(peaks0) == [
+        "response/length_max",
+        "rollout/trainer_logprob_diff_max",
+        "workload",
+        "time/generate_s",
+        "time/update_s",
+    ]  # by name, in one order on every rank
     s = summed(Ranks(list(sums1.values())), sums0)
     peaks = maxed(Ranks(list(peaks1.values())), peaks0)
     m = step_metrics(CFG, STATS, 2, s, peaks, update)

@@ -5,9 +5,8 @@ import math
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from e2e import ONE_TOKEN_GRPO, experiment, torchrun
+from safetensors.torch import load_file
 
 pytestmark = pytest.mark.engine
 
@@ -15,9 +14,12 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
-    config = experiment(tmp, f"""
-{ONE_TOKEN_GRPO}run: {{name: e2e, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 2}}
-""")
+    config = experiment(
+        tmp,
+        f"""
+{ONE_TOKEN_GRPO}run: {{name: e2e, output_dir: {tmp / "runs"}, steps: 3, eval_every: 2}}
+""",
+    )
     return torchrun(config, "--placement", "full", cwd=tmp), tmp / "runs" / "e2e", tmp / "policy0"
 
 
@@ -62,6 +64,7 @@ def test_summary_and_exported_policy(run):
     assert summary["wall_seconds"] > 0 and summary["samples_per_second"] > 0
     assert (run_dir / "config.yaml").is_file()
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     policy = AutoModelForCausalLM.from_pretrained(run_dir / "policy")
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "policy")
     ids = tokenizer("3+4=", return_tensors="pt").input_ids
@@ -69,10 +72,11 @@ def test_summary_and_exported_policy(run):
 
 
 def test_vllm_serves_the_exported_policy(run, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from yatt.engines.base import SamplingSpec
     from yatt.engines.client import spawn_engine
     from yatt.engines.config import EngineConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _, run_dir, _ = run
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "policy")
@@ -80,8 +84,12 @@ def test_vllm_serves_the_exported_policy(run, tmp_path):
     policy = AutoModelForCausalLM.from_pretrained(run_dir / "policy")
     with torch.no_grad():
         expected = torch.log_softmax(policy(torch.tensor([prompt])).logits[0, -1], -1)
-    with spawn_engine(run_dir / "policy", EngineConfig(max_model_len=16, vllm={"kv_cache_gib": 0.25}), seed=0,
-                      log_path=tmp_path / "engine.log") as engine:
+    with spawn_engine(
+        run_dir / "policy",
+        EngineConfig(max_model_len=16, vllm={"kv_cache_gib": 0.25}),
+        seed=0,
+        log_path=tmp_path / "engine.log",
+    ) as engine:
         [[completion]] = engine.generate([prompt], SamplingSpec(n=1, temperature=0.0, max_tokens=1))
     token = completion.token_ids[0]
     assert token == int(expected.argmax())
@@ -101,9 +109,15 @@ def test_run_can_be_watched(run):
     for r in (records[0], records[2], records[3]):
         assert 0.0 <= r["eval/accuracy"] <= r["eval/score"] <= 1.0  # full scores are a subset of the score
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert sorted({(s["step"], s["split"]) for s in samples}) == [(0, "eval"), (2, "eval"), (2, "train"),
-                                                                  (3, "eval"), (3, "train")]
+    assert sorted({(s["step"], s["split"]) for s in samples}) == [
+        (0, "eval"),
+        (2, "eval"),
+        (2, "train"),
+        (3, "eval"),
+        (3, "train"),
+    ]
     train = [s for s in samples if s["split"] == "train"]
     assert all(len(s["responses"]) == 8 and "reward" in s["responses"][0] for s in train)
     from yatt.plot import plot_run
+
     assert plot_run(run_dir, run_dir / "curves.png").stat().st_size > 10_000

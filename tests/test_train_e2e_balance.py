@@ -5,7 +5,6 @@ import json
 import math
 
 import pytest
-
 from e2e import experiment, torchrun
 from test_collectives import check_records, lockstep, read_records
 
@@ -18,16 +17,19 @@ pytestmark = pytest.mark.engine
 def run(tmp_path_factory):
     """Random tiny policy: about half the groups are all wrong, so dynamic sampling has work to do."""
     tmp = tmp_path_factory.mktemp("e2e_balance")
-    config = experiment(tmp, f"""
+    config = experiment(
+        tmp,
+        f"""
 rollout: {{group_size: 8, max_new_tokens: 3, engines_per_rank: 2, engine: {{vllm: {{kv_cache_gib: 0.25}}}}}}
 algorithm:
   mini_batches: 2
   dynamic_sampling: {{enabled: true, max_rounds: 3, initial_oversample: 1.5}}
 trainer: {{lr: 0.01, micro_batch_tokens: 48}}
 balance: {{enabled: true, attention_coef: 0.01}}
-run: {{name: e2e_balance, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 0}}
+run: {{name: e2e_balance, output_dir: {tmp / "runs"}, steps: 3, eval_every: 0}}
 checkpoint: {{every: 1}}
-""")
+""",
+    )
     proc = torchrun(config, "--placement", "full", cwd=tmp, extra_env={RECORD_ENV: str(tmp / "collectives")})
     return proc, tmp / "runs" / "e2e_balance"
 

@@ -4,9 +4,9 @@ import json
 import math
 
 import pytest
+from e2e import torchrun
 from safetensors.torch import load_file
 
-from e2e import torchrun
 from yatt.models.vision import vision_parameter
 from yatt.quickstart.sft_vl import run_sft_vl
 from yatt.quickstart.shapes import write_shapes_files
@@ -27,8 +27,8 @@ def run(request, tmp_path_factory):
     config.write_text(f"""
 model: {{path: {policy}}}
 data:
-  train: {{kind: jsonl, files: [{tmp / 'data' / 'train.jsonl'}]}}
-  eval: {{kind: jsonl, files: [{tmp / 'data' / 'eval.jsonl'}]}}
+  train: {{kind: jsonl, files: [{tmp / "data" / "train.jsonl"}]}}
+  eval: {{kind: jsonl, files: [{tmp / "data" / "eval.jsonl"}]}}
   prompts_per_step: 8
   eval_prompts: 8
   max_prompt_tokens: 32
@@ -36,7 +36,7 @@ rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: {backend}{vllm}}
 balance: {{enabled: {str(balanced).lower()}}}
 algorithm: {{mini_batches: 2}}
 trainer: {{lr: 0.01, micro_batch_size: 16}}
-run: {{name: e2e, output_dir: {tmp / 'runs'}, steps: 2, eval_every: 2}}
+run: {{name: e2e, output_dir: {tmp / "runs"}, steps: 2, eval_every: 2}}
 """)
     return torchrun(config, "--placement", "full", cwd=tmp), tmp / "runs" / "e2e", policy
 

@@ -39,8 +39,8 @@ def test_lr_schedule_warmup_then_cosine_to_the_floor():
 
 # ---- the trainer on a real (tiny) model, one process ---------------------------------------------
 
-from yatt.config import AlgorithmConfig  # noqa: E402
 from yatt.algorithms.objective import Algorithm  # noqa: E402
+from yatt.config import AlgorithmConfig  # noqa: E402
 from yatt.distributed import World  # noqa: E402
 from yatt.models.tiny import TinyModelConfig, write_tiny_model  # noqa: E402
 from yatt.trainers.torch_trainer import TorchTrainer  # noqa: E402
@@ -50,8 +50,12 @@ WORLD = World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "m", TinyModelConfig(hidden_size=64,
-                            intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "m",
+        TinyModelConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1
+        ),
+    )
 
 
 def rl_batch(trainer: TorchTrainer, ref: TorchTrainer | None = None) -> TokenBatch:

@@ -9,11 +9,11 @@ import torch
 
 from yatt.algorithms import entropy_from_logits, token_logprobs
 from yatt.algorithms.objective import Algorithm
+from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.tensors import TokenBatch
-from yatt.balance.micro_batches import micro_batch_rows
 from yatt.trainers.packing import model_inputs, shared_prompts
 from yatt.trainers.torch_trainer import TorchTrainer
 
@@ -31,8 +31,12 @@ VARIANTS = {  # name: trainer settings
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     # vocabulary > hidden size and 2 query heads per key-value head: the GQA path of the packed attention
-    return write_tiny_model(tmp_path_factory.mktemp("exact") / "m", TinyModelConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2))
+    return write_tiny_model(
+        tmp_path_factory.mktemp("exact") / "m",
+        TinyModelConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+        ),
+    )
 
 
 def ragged_batch(temperature: float = 1.0) -> TokenBatch:
@@ -101,8 +105,11 @@ def test_loss_and_gradients_equal_full_logits(tiny, variant, kind):
     trainer = TorchTrainer(tiny, TrainerConfig(**VARIANTS[variant]), WORLD)
     batch = BATCHES[kind](0.7)
     gen = torch.Generator().manual_seed(2)
-    batch.extras.update(old_logprobs=reference(trainer, batch)[0].detach() + 0.05 * torch.randn(
-        batch.mask.shape, generator=gen) * batch.mask, advantages=torch.randn(len(batch), generator=gen))
+    batch.extras.update(
+        old_logprobs=reference(trainer, batch)[0].detach()
+        + 0.05 * torch.randn(batch.mask.shape, generator=gen) * batch.mask,
+        advantages=torch.randn(len(batch), generator=gen),
+    )
     loss_fn = Algorithm(AlgorithmConfig()).objective(float(batch.mask.sum()), float(len(batch)), 8)
 
     def total(logp, ent):
@@ -128,8 +135,9 @@ def test_micro_batches_do_not_change_packed_chunked_updates(tiny):
         trainer = TorchTrainer(tiny, TrainerConfig(lr=1e-2, micro_batch_size=micro, **VARIANTS[variant]), WORLD)
         batch = ragged_batch()
         batch.extras.update(old_logprobs=trainer.logprobs(batch)[0], advantages=torch.linspace(-1, 1, len(batch)))
-        stats = trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(
-            float(batch.mask.sum()), float(len(batch)), 8))
+        stats = trainer.train_mini_batch(
+            batch, Algorithm(AlgorithmConfig()).objective(float(batch.mask.sum()), float(len(batch)), 8)
+        )
         results.append(stats)
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], abs=1e-5)
     assert results[0]["policy_loss"] == pytest.approx(results[1]["policy_loss"], abs=1e-5)
@@ -155,14 +163,19 @@ def test_a_token_budget_that_cuts_groups_does_not_change_the_update(tiny):
     pieces = micro_batch_rows(lengths, 64, 9, padded=False, shared=shared)
     assert any(len(p) > 1 for p in pieces) and len(pieces) > 4
     results = []
-    for settings in (dict(micro_batch_size=64, **VARIANTS["padded-full"]),
-                     dict(micro_batch_size=64, micro_batch_tokens=9, pack_sequences=True, logprob_chunk_tokens=2)):
+    for settings in (
+        dict(micro_batch_size=64, **VARIANTS["padded-full"]),
+        dict(micro_batch_size=64, micro_batch_tokens=9, pack_sequences=True, logprob_chunk_tokens=2),
+    ):
         torch.manual_seed(0)
         trainer = TorchTrainer(tiny, TrainerConfig(lr=1e-2, **settings), WORLD)
         batch = grouped_batch()
         batch.extras.update(old_logprobs=trainer.logprobs(batch)[0], advantages=torch.linspace(-1, 1, len(batch)))
-        results.append(trainer.train_mini_batch(batch, Algorithm(AlgorithmConfig()).objective(
-            float(batch.mask.sum()), float(len(batch)), 8)))
+        results.append(
+            trainer.train_mini_batch(
+                batch, Algorithm(AlgorithmConfig()).objective(float(batch.mask.sum()), float(len(batch)), 8)
+            )
+        )
         results[-1]["weights"] = torch.cat([p.detach().flatten() for p in trainer.module.parameters()])
     assert results[0]["grad_norm"] == pytest.approx(results[1]["grad_norm"], abs=1e-5)
     assert results[0]["policy_loss"] == pytest.approx(results[1]["policy_loss"], abs=1e-5)

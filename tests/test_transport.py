@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 import msgpack
+import pytest
 import torch
 import zmq
 
@@ -17,12 +17,11 @@ from yatt.transport import (
     RpcClient,
     RpcServer,
     TransportError,
+    codec,
     decode,
     encode,
     new_secret,
 )
-
-from yatt.transport import codec
 from yatt.transport.curve import derive_keys, secure_client
 
 SECRET = new_secret()
@@ -69,10 +68,7 @@ def test_tampering_and_wrong_secret_are_rejected() -> None:
         decode(frames[:2], SECRET)  # buffer dropped: the mac covers the frame count
 
 
-@pytest.mark.parametrize(
-    "frames",
-    [[], [b""], [b"garbage"], [b"x" * 32, b"\xc1\xc1"], [b"\x00" * 32, b"hdr", b"buf"]],
-)
+@pytest.mark.parametrize("frames", [[], [b""], [b"garbage"], [b"x" * 32, b"\xc1\xc1"], [b"\x00" * 32, b"hdr", b"buf"]])
 def test_garbage_raises_transport_error(frames: list[bytes]) -> None:
     with pytest.raises(TransportError):
         decode(frames, SECRET)
@@ -148,8 +144,13 @@ def test_rpc_calls_errors_and_allow_list(server: RpcServer) -> None:
             client.call("__init__")
         with pytest.raises(RemoteError, match="TypeError"):
             client.call("add", a=1)
-        assert client.call("rpc_stats") == {"rejected": 0, "replayed": 0, "refused_handshakes": 0, "denied": 2,
-                                            "served": 6}
+        assert client.call("rpc_stats") == {
+            "rejected": 0,
+            "replayed": 0,
+            "refused_handshakes": 0,
+            "denied": 2,
+            "served": 6,
+        }
 
 
 def _raw(ctx: zmq.Context, endpoint: str, secret: bytes | None) -> zmq.Socket:
@@ -191,8 +192,7 @@ def test_authenticated_peers_with_bad_macs_and_garbage_are_rejected_and_server_s
     ctx = zmq.Context()
     raw = _raw(ctx, server.endpoint, SECRET)
     try:
-        forged = encode({"id": 1, "method": "add", "kwargs": {"a": 1, "b": 1}, "session": "s", "seq": 1},
-                        new_secret())
+        forged = encode({"id": 1, "method": "add", "kwargs": {"a": 1, "b": 1}, "session": "s", "seq": 1}, new_secret())
         raw.send_multipart(forged)
         assert raw.poll(500) == 0  # no reply to an unauthenticated message
         with RpcClient(server.endpoint, SECRET, timeout_s=10) as client:
@@ -231,8 +231,10 @@ def test_replayed_or_reordered_requests_are_refused_and_counted(server: RpcServe
     ctx = zmq.Context()
     first, second = _raw(ctx, server.endpoint, SECRET), _raw(ctx, server.endpoint, SECRET)
     try:
-        with RpcClient(server.endpoint, SECRET, timeout_s=10) as client, \
-                RpcClient(server.endpoint, SECRET, timeout_s=10) as victim:
+        with (
+            RpcClient(server.endpoint, SECRET, timeout_s=10) as client,
+            RpcClient(server.endpoint, SECRET, timeout_s=10) as victim,
+        ):
             # the victim's messages, as an eavesdropper inside the run's trust boundary would capture them
             captured = encode(victim.envelope("add", {"a": 20, "b": 22}), SECRET)
             later = encode(victim.envelope("add", {"a": 1, "b": 1}), SECRET)
@@ -244,8 +246,9 @@ def test_replayed_or_reordered_requests_are_refused_and_counted(server: RpcServe
             assert _wait_for(client, "replayed", 2) == 2
             first.send_multipart(later)  # a newer message still goes through
             assert first.poll(5000) and decode(first.recv_multipart(), SECRET)["result"] == 2
-            stale = encode({**victim.envelope("add", {"a": 0, "b": 0}), "session": captured_session(captured),
-                            "seq": 1}, SECRET)
+            stale = encode(
+                {**victim.envelope("add", {"a": 0, "b": 0}), "session": captured_session(captured), "seq": 1}, SECRET
+            )
             first.send_multipart(stale)  # reordered: a counter below the last one seen
             assert first.poll(300) == 0
             assert _wait_for(client, "replayed", 3) == 3

@@ -30,7 +30,9 @@ from yatt.trainers.torch_trainer import TorchTrainer
 
 WORLD = World(0, 1, 0, torch.device("cpu"))
 HF = EngineConfig(backend="hf", max_model_len=256, max_num_seqs=64, weight_bucket_mb=1, startup_timeout_s=120)
-VLLM = EngineConfig(max_model_len=256, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, weight_bucket_mb=1, startup_timeout_s=300)
+VLLM = EngineConfig(
+    max_model_len=256, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, weight_bucket_mb=1, startup_timeout_s=300
+)
 SAMPLE = SamplingSpec(n=3, temperature=1.0, max_tokens=6, logprobs=True)
 
 
@@ -48,8 +50,11 @@ def setup(tmp_path_factory):
 
 def _trainer_logprobs(trainer, loaded, groups) -> list[torch.Tensor]:
     """The trainer's log-probs of every completion, scored on the expanded ids with the prompt's pixels."""
-    rollouts = [Rollout(None, im.prompt_ids, c.token_ids, c.logprobs, c.finish_reason, vision=im)
-                for im, group in zip(loaded, groups) for c in group]
+    rollouts = [
+        Rollout(None, im.prompt_ids, c.token_ids, c.logprobs, c.finish_reason, vision=im)
+        for im, group in zip(loaded, groups)
+        for c in group
+    ]
     batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0)
     batch.pixels = stack_pixels(rollouts)
     logp, _ = trainer.logprobs(batch)
@@ -67,16 +72,25 @@ def test_hf_engine_and_trainer_agree_on_image_prompts(setup):
     folder, rows, ids, loaded = setup
     engine = HFEngine(str(folder), HF, seed=0)
     try:
-        groups = generate(engine, ids, SAMPLE, seeds=[10 * i for i in range(len(ids))],
-                          images=[im.images for im in loaded])
+        groups = generate(
+            engine, ids, SAMPLE, seeds=[10 * i for i in range(len(ids))], images=[im.images for im in loaded]
+        )
         trainer = TorchTrainer(folder, TrainerConfig(), WORLD, trainable=False)
         assert _max_gap(trainer, loaded, groups) < 1e-3
         # the images matter: the same prompts with the images rotated by one give other log-probs
         shifted = loaded[1:] + loaded[:1]
-        other = generate(engine, ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
-                         images=[im.images for im in shifted])
-        first = generate(engine, ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
-                         images=[im.images for im in loaded])
+        other = generate(
+            engine,
+            ids,
+            SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
+            images=[im.images for im in shifted],
+        )
+        first = generate(
+            engine,
+            ids,
+            SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
+            images=[im.images for im in loaded],
+        )
         assert any(abs(a[0].logprobs[0] - b[0].logprobs[0]) > 1e-4 for a, b in zip(first, other))
         with pytest.raises(DataError, match=r"request g0: 1 image placeholder\(s\) for 2 images"):
             generate(engine, ids[:1], SAMPLE, images=[loaded[0].images * 2])
@@ -108,13 +122,15 @@ def test_vllm_engine_and_trainer_agree_on_image_prompts(setup, tmp_path):
         groups = client.generate(ids, SAMPLE, [10 * i for i in range(len(ids))], images=[im.images for im in loaded])
         assert _max_gap(trainer, loaded, groups) < 1e-3
         # a weight update reaches the vision tower: new vision weights change what vLLM computes
-        before = client.generate(ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
-                                 images=[im.images for im in loaded])
+        before = client.generate(
+            ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True), images=[im.images for im in loaded]
+        )
         torch.manual_seed(0)
         vision = [(n, torch.randn_like(p) * 0.5) for n, p in trainer.named_weights() if vision_parameter(n)]
         client.update_weights(vision)
-        after = client.generate(ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True),
-                                images=[im.images for im in loaded])
+        after = client.generate(
+            ids, SamplingSpec(n=1, temperature=0.0, max_tokens=1, logprobs=True), images=[im.images for im in loaded]
+        )
         assert any(abs(a[0].logprobs[0] - b[0].logprobs[0]) > 1e-4 for a, b in zip(before, after))
         # and nothing stale is left (KV blocks, cached vision embeddings): it agrees with the trainer's new weights
         trainer.load_state_dict({"model": {**dict(trainer.named_weights()), **dict(vision)}, "optimizer_steps": 0})
@@ -158,8 +174,11 @@ def test_a_placeholder_token_in_a_response_is_scored_as_the_engines_fed_it(setup
     model = load_policy(folder, dtype=torch.float32).eval()
     with torch.no_grad():  # the hf engine's way: prefill with the pixels, then one plain token at a time
         cache = DynamicCache(config=model.config)
-        logits = [model(input_ids=torch.tensor([im.prompt_ids]), past_key_values=cache, use_cache=True,
-                        **im.pixels).logits[0, -1]]
+        logits = [
+            model(input_ids=torch.tensor([im.prompt_ids]), past_key_values=cache, use_cache=True, **im.pixels).logits[
+                0, -1
+            ]
+        ]
         for t in response[:-1]:
             logits.append(model(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True).logits[0, -1])
     expected = torch.stack([torch.log_softmax(lg, -1)[t] for lg, t in zip(logits, response)])

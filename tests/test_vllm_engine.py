@@ -13,26 +13,29 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_refs import (EOS, TEXTS, hf_greedy, hf_logprobs, load_policies, nucleus_log_mass, trainer_logprobs,
-                         two_policies)
+from engine_refs import (
+    EOS,
+    TEXTS,
+    hf_greedy,
+    hf_logprobs,
+    load_policies,
+    nucleus_log_mass,
+    trainer_logprobs,
+    two_policies,
+)
 from transformers import AutoTokenizer
 
 from yatt.engines.base import SamplingSpec
-from yatt.tensors import weight_buckets
-from yatt.engines.client import (
-    TORCHRUN_VARS,
-    EngineClient,
-    EngineDied,
-    EngineStartError,
-    engine_env,
-    spawn_engine,
-)
+from yatt.engines.client import TORCHRUN_VARS, EngineClient, EngineDied, EngineStartError, engine_env, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.vllm_config import VLLMConfig
+from yatt.tensors import weight_buckets
 
 pytestmark = pytest.mark.engine
 
-CFG = EngineConfig(max_model_len=256, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, weight_bucket_mb=1, startup_timeout_s=300)
+CFG = EngineConfig(
+    max_model_len=256, max_num_seqs=64, vllm={"kv_cache_gib": 0.25}, weight_bucket_mb=1, startup_timeout_s=300
+)
 TIMINGS: dict[str, float] = {}
 GREEDY: dict[str, list[list[int]]] = {}
 
@@ -65,7 +68,9 @@ def engine(folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     print("\nengine timings:", {k: round(v, 3) for k, v in TIMINGS.items()})
 
 
-def check_against_hf(engine: EngineClient, model: torch.nn.Module, prompts: list[list[int]], max_new: int) -> list[list[int]]:
+def check_against_hf(
+    engine: EngineClient, model: torch.nn.Module, prompts: list[list[int]], max_new: int
+) -> list[list[int]]:
     """Greedy completions equal HF's, and their logprobs equal HF's log-softmax."""
     t0 = time.perf_counter()
     rows = engine.generate(prompts, SamplingSpec(n=1, temperature=0.0, max_tokens=max_new))
@@ -129,7 +134,7 @@ def test_eos_and_stop_tokens_are_included_with_their_logprobs(engine: EngineClie
     done = [(p, c) for p, row in zip(prompts, rows) for c in row]
     stopped = [(p, c) for p, c in done if c.finish_reason == "stop"]
     assert stopped, "no sample reached eos; the test needs one"
-    for p, c in done:
+    for _, c in done:
         assert len(c.logprobs) == len(c.token_ids)
         if c.finish_reason == "stop":
             assert c.token_ids[-1] == EOS and EOS not in c.token_ids[:-1]
@@ -199,4 +204,6 @@ def test_weight_buckets_keep_layers_whole(hf) -> None:
     buckets = list(weight_buckets(named, 1))  # tiny limit: one group per bucket
     assert [n for b in buckets for n, _ in b] == [n for n, _ in named]
     for b in buckets:
-        assert len({n.split(".mlp")[0].split(".self_attn")[0].split(".input_")[0].split(".post_")[0] for n, _ in b}) == 1
+        assert (
+            len({n.split(".mlp")[0].split(".self_attn")[0].split(".input_")[0].split(".post_")[0] for n, _ in b}) == 1
+        )

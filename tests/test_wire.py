@@ -10,8 +10,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_keyless_junk_costs_the_engine_little_and_honest_calls_go_through(tmp_path):
     out = tmp_path / "wire.json"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "wire.py"), "--junk-mb", "24", "--attackers", "2",
-                    "--calls", "5", "--out", str(out)], cwd=ROOT, check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "wire.py"),
+            "--junk-mb",
+            "24",
+            "--attackers",
+            "2",
+            "--calls",
+            "5",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+    )
     result = json.loads(out.read_text())
     assert result["junk_mb"] >= 24
     # Before the CURVE handshake, these 24 MB cost the engine ~63 s of CPU and 2.1 GB.

@@ -32,8 +32,14 @@ class Backend:
     that checking a config imports no torch, vLLM or megatron), and its own section and checks, which are
     light. Calling it builds the implementation with the same arguments."""
 
-    def __init__(self, impl: str, section: str | None = None, config: type[BaseModel] | None = None,
-                 preflight: Callable[..., None] | None = None, env: Callable[[Any], dict] | None = None):
+    def __init__(
+        self,
+        impl: str,
+        section: str | None = None,
+        config: type[BaseModel] | None = None,
+        preflight: Callable[..., None] | None = None,
+        env: Callable[[Any], dict] | None = None,
+    ):
         if (section is None) != (config is None):
             raise ValueError(f"backend {impl}: a section needs both its key and its config class")
         self.impl, self.section, self.config, self.preflight, self.env = impl, section, config, preflight, env
@@ -46,15 +52,25 @@ class Backend:
 
 
 def _error(loc: tuple, message: str, value: Any) -> ValidationError:
-    return ValidationError.from_exception_data("backend section", [
-        {"type": "value_error", "loc": loc, "input": value, "ctx": {"error": ValueError(message)}}])
+    return ValidationError.from_exception_data(
+        "backend section", [{"type": "value_error", "loc": loc, "input": value, "ctx": {"error": ValueError(message)}}]
+    )
 
 
 def _nested(err: ValidationError, key: str) -> ValidationError:
     """`err` of a section validated by hand, with its locations under `key` (as if pydantic had found them)."""
-    return ValidationError.from_exception_data(err.title, [
-        {"type": e["type"], "loc": (key, *e["loc"]), "input": e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {})}
-        for e in err.errors()])
+    return ValidationError.from_exception_data(
+        err.title,
+        [
+            {
+                "type": e["type"],
+                "loc": (key, *e["loc"]),
+                "input": e["input"],
+                **({"ctx": e["ctx"]} if "ctx" in e else {}),
+            }
+            for e in err.errors()
+        ],
+    )
 
 
 def owner_of(backends: Registry, key: str) -> str | None:
@@ -84,13 +100,17 @@ def own_section(data: Any, backends: Registry, fields: Collection[str], default:
         if owner is not None and data[other] is None:
             del data[other]  # null: not set (how an override drops a section when it switches the backend)
         elif owner is not None:
-            raise _error((), f"{other} is set but backend is {name}; remove it (or set it to null) or set "
-                             f"backend={owner}", data[other])
+            raise _error(
+                (),
+                f"{other} is set but backend is {name}; remove it (or set it to null) or set backend={owner}",
+                data[other],
+            )
         else:
             unknown.append(other)
     if unknown:
-        raise ValidationError.from_exception_data("backend section", [
-            {"type": "extra_forbidden", "loc": (k,), "input": data[k]} for k in unknown])
+        raise ValidationError.from_exception_data(
+            "backend section", [{"type": "extra_forbidden", "loc": (k,), "input": data[k]} for k in unknown]
+        )
     if key is not None:
         try:
             data[key] = config.model_validate(data.get(key) or {})

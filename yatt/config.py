@@ -20,15 +20,24 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PlainValidator, SerializeAsAny, Tag, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainValidator,
+    SerializeAsAny,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from yatt.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from yatt.algorithms.base import ComponentConfig
 from yatt.algorithms.grpo import GRPOConfig
 from yatt.algorithms.kl_control import KLControlConfig
-from yatt.algorithms.rollout_is import RolloutISConfig
 from yatt.algorithms.ppo_clip import PPOClipConfig
+from yatt.algorithms.rollout_is import RolloutISConfig
 from yatt.backends import BackendChoice
 from yatt.balance.partition import PARTITIONERS
 from yatt.config_loading import ConfigError, load_config
@@ -47,9 +56,12 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: Path = Field(description="Local Hugging Face model folder (config.json, weights, tokenizer).")
-    freeze_vision: bool = Field(False, description="Vision-language policy: keep the vision tower's weights fixed "
-                                "(no gradients, no optimizer state, not sent to engines); the connector and "
-                                "the decoder train. No effect on a text policy.")
+    freeze_vision: bool = Field(
+        False,
+        description="Vision-language policy: keep the vision tower's weights fixed "
+        "(no gradients, no optimizer state, not sent to engines); the connector and "
+        "the decoder train. No effect on a text policy.",
+    )
 
 
 class DataConfig(Section):
@@ -59,35 +71,59 @@ class DataConfig(Section):
     eval_prompts: int = Field(500, gt=0, description="Held-out prompts evaluated (over all ranks).")
     max_prompt_tokens: int = Field(256, gt=0, description="Longer prompts are an error, not truncated.")
     shuffle: bool = Field(True, description="Reshuffle each rank's shard every epoch.")
-    check_images: bool = Field(True, description="Before any engine starts, read and decode each image of this "
-                               "rank's rows once (then drop it), so a missing or corrupt image stops the run naming "
-                               "the file and row; false: found when the step that uses it reads it.")
+    check_images: bool = Field(
+        True,
+        description="Before any engine starts, read and decode each image of this "
+        "rank's rows once (then drop it), so a missing or corrupt image stops the run naming "
+        "the file and row; false: found when the step that uses it reads it.",
+    )
 
 
 class RolloutConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     group_size: int = Field(8, gt=0, description="Samples per prompt (G).")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature; trainer and engine log-probs "
-                               "are both of softmax(logits / temperature).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling; < 1 makes the engine's log-probs "
-                         "differ from the trainer's, which does not renormalise over the nucleus (see README).")
-    sync_every: int = Field(1, gt=0, description="Push the policy to the rollout engines every N steps; > 1 "
-                            "makes rollouts deliberately stale (off-policy experiments, rollout IS correction).")
+    temperature: float = Field(
+        1.0,
+        ge=0.0,
+        description="Sampling temperature; trainer and engine log-probs are both of softmax(logits / temperature).",
+    )
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling; < 1 makes the engine's log-probs "
+        "differ from the trainer's, which does not renormalise over the nucleus (see README).",
+    )
+    sync_every: int = Field(
+        1,
+        gt=0,
+        description="Push the policy to the rollout engines every N steps; > 1 "
+        "makes rollouts deliberately stale (off-policy experiments, rollout IS correction).",
+    )
     max_new_tokens: int = Field(16, gt=0)
-    engines_per_rank: int = Field(1, gt=0, description="Rollout engines per rank; each request goes to the "
-                                  "rollout engine in use with the fewest requests in flight.")
+    engines_per_rank: int = Field(
+        1,
+        gt=0,
+        description="Rollout engines per rank; each request goes to the "
+        "rollout engine in use with the fewest requests in flight.",
+    )
 
 
 class RewardConfig(Section):
     kind: MixMode = Field(
-        "rule", description="rule: the verifier chosen by each row's data_source; genrm: the judges' weighted "
-        "mean; genrm_with_rule: the weighted mean of the rule score (rule_weight) and the judges.")
+        "rule",
+        description="rule: the verifier chosen by each row's data_source; genrm: the judges' weighted "
+        "mean; genrm_with_rule: the weighted mean of the rule score (rule_weight) and the judges.",
+    )
     rule_weight: float = Field(1.0, ge=0.0, description="Weight of the rule score in genrm_with_rule.")
     judges: list[JudgeConfig] = Field(default_factory=list, description="Generative reward models (GenRM).")
-    verifiers: dict[str, str] = Field(default_factory=dict, description="Your own rule verifiers by data_source "
-                                      "name, e.g. {my_task: 'my_pkg.rewards:score'}: rows whose data_source is "
-                                      "my_task are scored by score(response, row) -> float in [0, 1]. Imported when "
-                                      "the run reads its data (yatt.rewards.rules), not when the config is checked.")
+    verifiers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Your own rule verifiers by data_source "
+        "name, e.g. {my_task: 'my_pkg.rewards:score'}: rows whose data_source is "
+        "my_task are scored by score(response, row) -> float in [0, 1]. Imported when "
+        "the run reads its data (yatt.rewards.rules), not when the config is checked.",
+    )
 
     @field_validator("verifiers")
     @classmethod
@@ -98,7 +134,7 @@ class RewardConfig(Section):
         return verifiers
 
     @model_validator(mode="after")
-    def _judges_match_kind(self) -> "RewardConfig":
+    def _judges_match_kind(self) -> RewardConfig:
         if self.kind != "rule" and not self.judges:
             raise ValueError(f"reward.kind={self.kind} needs at least one entry in reward.judges")
         names = [j.name for j in self.judges]
@@ -118,7 +154,7 @@ class DynamicSamplingConfig(Section):
     ema: float = Field(0.5, gt=0.0, le=1.0, description="Weight of the newest round's keep rate in its average.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "DynamicSamplingConfig":
+    def _ordered(self) -> DynamicSamplingConfig:
         if not self.min_oversample <= self.initial_oversample <= self.max_oversample:
             raise ValueError("need min_oversample <= initial_oversample <= max_oversample")
         return self
@@ -144,13 +180,15 @@ def _section_of(registry: Registry, default: str) -> Any:
         kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
         config = getattr(registry.get(kind), "config", None)
         if not (isinstance(config, type) and issubclass(config, ComponentConfig)):
-            raise ValueError(f"{registry.field} {kind!r} has no `config` section class (a subclass of "
-                             "yatt.algorithms.base.ComponentConfig); see yatt.algorithms.base")
+            raise ValueError(
+                f"{registry.field} {kind!r} has no `config` section class (a subclass of "
+                "yatt.algorithms.base.ComponentConfig); see yatt.algorithms.base"
+            )
         return value if isinstance(value, config) else config.model_validate(value)
 
     sections = tuple(Annotated[registry.get(name).config, Tag(name)] for name in names)
     plugin = Annotated[SerializeAsAny[ComponentConfig], PlainValidator(plugin_section), Tag(PLUGIN)]
-    return Annotated[Union[sections + (plugin,)], Discriminator(kind_of)]
+    return Annotated[Union[sections + (plugin,)], Discriminator(kind_of)]  # noqa: UP007 (a tuple of types)
 
 
 def _check_kind(registry: Registry, section: Any) -> None:
@@ -161,32 +199,52 @@ def _check_kind(registry: Registry, section: Any) -> None:
 
 class AlgorithmConfig(Section):
     advantage: _section_of(ADVANTAGES, "grpo") = Field(  # type: ignore[valid-type]
-        default_factory=GRPOConfig, description="Advantage estimator: {kind: <registered name>, its fields}; "
-        "kind may be an import path 'pkg.module:ESTIMATOR' (an AdvantageEstimator, yatt.algorithms.base).")
+        default_factory=GRPOConfig,
+        description="Advantage estimator: {kind: <registered name>, its fields}; "
+        "kind may be an import path 'pkg.module:ESTIMATOR' (an AdvantageEstimator, yatt.algorithms.base).",
+    )
     policy_loss: _section_of(POLICY_LOSSES, "ppo_clip") = Field(  # type: ignore[valid-type]
-        default_factory=PPOClipConfig, description="Policy loss: {kind: <registered name>, its fields}; kind may be "
-        "an import path 'pkg.module:LOSS' (a PolicyLoss, yatt.algorithms.base).")
-    loss_agg: str = Field("token-mean", description=f"How token losses become one: {', '.join(LOSS_AGGREGATIONS)}, "
-                          "or an import path 'pkg.module:function' (see yatt.algorithms.aggregation).")
+        default_factory=PPOClipConfig,
+        description="Policy loss: {kind: <registered name>, its fields}; kind may be "
+        "an import path 'pkg.module:LOSS' (a PolicyLoss, yatt.algorithms.base).",
+    )
+    loss_agg: str = Field(
+        "token-mean",
+        description=f"How token losses become one: {', '.join(LOSS_AGGREGATIONS)}, "
+        "or an import path 'pkg.module:function' (see yatt.algorithms.aggregation).",
+    )
     kl_coef: float = Field(0.0, ge=0.0, description="0 disables KL and the reference model.")
-    kl_estimator: str = Field("k3", description=f"KL estimator: {', '.join(KL_ESTIMATORS)} (k1+/k3+: the value "
-                              "of k1/k3 with the gradient of k2), or an import path 'pkg.module:function' taking "
-                              "(logprobs, ref_logprobs).")
-    kl_mode: Literal["loss", "reward"] = Field("loss", description="KL as a loss term or as a reward penalty "
-                                               "(reinforce_pp*: per-token reward shaping).")
-    kl_control: KLControlConfig = Field(default_factory=KLControlConfig, description="Fixed or adaptive KL "
-                                        "coefficient (adaptive starts at kl_coef).")
-    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus: the loss subtracts entropy_coef x the "
-                                "policy's per-token entropy (aggregated like the policy loss); 0 disables it.")
-    rollout_is: RolloutISConfig = Field(default_factory=RolloutISConfig, description="Importance-sampling "
-                                        "correction of the rollout engine / trainer mismatch.")
+    kl_estimator: str = Field(
+        "k3",
+        description=f"KL estimator: {', '.join(KL_ESTIMATORS)} (k1+/k3+: the value "
+        "of k1/k3 with the gradient of k2), or an import path 'pkg.module:function' taking "
+        "(logprobs, ref_logprobs).",
+    )
+    kl_mode: Literal["loss", "reward"] = Field(
+        "loss", description="KL as a loss term or as a reward penalty (reinforce_pp*: per-token reward shaping)."
+    )
+    kl_control: KLControlConfig = Field(
+        default_factory=KLControlConfig, description="Fixed or adaptive KL coefficient (adaptive starts at kl_coef)."
+    )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Entropy bonus: the loss subtracts entropy_coef x the "
+        "policy's per-token entropy (aggregated like the policy loss); 0 disables it.",
+    )
+    rollout_is: RolloutISConfig = Field(
+        default_factory=RolloutISConfig,
+        description="Importance-sampling correction of the rollout engine / trainer mismatch.",
+    )
     ppo_epochs: int = Field(1, gt=0, description="Passes over each step's rollouts.")
     mini_batches: int = Field(1, gt=0, description="Optimizer steps per pass.")
     old_logprobs: Literal["recompute", "reuse", "rollout"] = Field(
-        "reuse", description="Where the old policy's log-probs come from. recompute: a trainer pass over every "
+        "reuse",
+        description="Where the old policy's log-probs come from. recompute: a trainer pass over every "
         "sample before the update. reuse: the first mini-batch is exactly on-policy, so its own forward gives "
         "them (same values, one pass fewer over its samples); the pass covers the other mini-batches. rollout: "
-        "the engine's log-probs (no pass; off-policy by the engine/trainer mismatch).")
+        "the engine's log-probs (no pass; off-policy by the engine/trainer mismatch).",
+    )
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
     @model_validator(mode="before")
@@ -215,10 +273,14 @@ class TrainerConfig(BackendChoice):
 
     backends = TRAINERS
 
-    backend: str = Field("torch", description="Training backend, a name in yatt.trainers.TRAINERS (torch; megatron, "
-                         "its section: megatron) or an import path 'package.module:Class'.")
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Weights, gradients and optimizer "
-                                                   "state; log-probs and losses are float32 either way.")
+    backend: str = Field(
+        "torch",
+        description="Training backend, a name in yatt.trainers.TRAINERS (torch; megatron, "
+        "its section: megatron) or an import path 'package.module:Class'.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Weights, gradients and optimizer state; log-probs and losses are float32 either way."
+    )
     lr: float = Field(1e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -227,23 +289,43 @@ class TrainerConfig(BackendChoice):
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="cosine: final lr as a fraction of lr.")
     grad_clip: float = Field(1.0, gt=0.0, description="Max global gradient norm.")
     micro_batch_size: int = Field(64, gt=0, description="Sequences per forward/backward.")
-    micro_batch_tokens: int = Field(2048, ge=0, description="If > 0, a micro-batch also holds at most this many "
-                                    "tokens (real tokens when pack_sequences, else sequences x longest length): "
-                                    "bounds activation memory whatever the lengths; raise it on GPUs with memory "
-                                    "to spare. 0: micro_batch_size alone.")
-    pack_sequences: bool = Field(True, description="Lay a micro-batch's sequences end to end (no pad tokens in the "
-                                 "linear layers; attention kept per sequence). False: right-padded rows.")
-    share_prompts: bool = Field(True, description="pack_sequences: consecutive samples of the same prompt (a GRPO "
-                                "group) run it through the model once per micro-batch, their responses attending "
-                                "to that one copy (exact; yatt.trainers.packing).")
-    logprob_chunk_tokens: int = Field(256, ge=0, description="Run the output head over this many scored tokens at "
-                                      "a time (recomputed in backward), so full-vocabulary logits never exist; "
-                                      "0: all at once.")
-    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer in backward instead of "
-                                           "keeping its activations: less memory, ~1/3 more compute.")
-    autocast: Literal["none", "bfloat16"] = Field("none", description="Run forward/backward under bfloat16 autocast "
-                                                  "(weights stay trainer.dtype); fast on GPUs and on CPUs with AVX-512 BF16, slow on other CPUs; "
-                                                  "changes the numerics (the rollout-vs-trainer mismatch shows how much).")
+    micro_batch_tokens: int = Field(
+        2048,
+        ge=0,
+        description="If > 0, a micro-batch also holds at most this many "
+        "tokens (real tokens when pack_sequences, else sequences x longest length): "
+        "bounds activation memory whatever the lengths; raise it on GPUs with memory "
+        "to spare. 0: micro_batch_size alone.",
+    )
+    pack_sequences: bool = Field(
+        True,
+        description="Lay a micro-batch's sequences end to end (no pad tokens in the "
+        "linear layers; attention kept per sequence). False: right-padded rows.",
+    )
+    share_prompts: bool = Field(
+        True,
+        description="pack_sequences: consecutive samples of the same prompt (a GRPO "
+        "group) run it through the model once per micro-batch, their responses attending "
+        "to that one copy (exact; yatt.trainers.packing).",
+    )
+    logprob_chunk_tokens: int = Field(
+        256,
+        ge=0,
+        description="Run the output head over this many scored tokens at "
+        "a time (recomputed in backward), so full-vocabulary logits never exist; "
+        "0: all at once.",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer in backward instead of "
+        "keeping its activations: less memory, ~1/3 more compute.",
+    )
+    autocast: Literal["none", "bfloat16"] = Field(
+        "none",
+        description="Run forward/backward under bfloat16 autocast "
+        "(weights stay trainer.dtype); fast on GPUs and on CPUs with AVX-512 BF16, slow on other CPUs; "
+        "changes the numerics (the rollout-vs-trainer mismatch shows how much).",
+    )
 
     @field_validator("backend")
     @classmethod
@@ -261,13 +343,23 @@ class BalanceConfig(Section):
     """Moving rollouts between data-parallel ranks so each trains about the same work."""
 
     enabled: bool = Field(False, description="Rebalance rollouts across ranks after rewards, before logprobs.")
-    attention_coef: float = Field(0.0, ge=0.0, description="Workload per sample is L + attention_coef * L^2 "
-                                  "(L = prompt + response tokens); raise it when attention dominates.")
-    partitioner: str = Field("kk", description="kk: Karmarkar-Karp; greedy: LPT (yatt.balance.partition); or an "
-                             "import path 'pkg.module:function' taking (weights, k, equal_count=).")
+    attention_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="Workload per sample is L + attention_coef * L^2 "
+        "(L = prompt + response tokens); raise it when attention dominates.",
+    )
+    partitioner: str = Field(
+        "kk",
+        description="kk: Karmarkar-Karp; greedy: LPT (yatt.balance.partition); or an "
+        "import path 'pkg.module:function' taking (weights, k, equal_count=).",
+    )
     equal_count: bool = Field(False, description="Also give every rank the same number of units (+-1).")
-    keep_groups: bool | None = Field(None, description="Move whole groups (all samples of a prompt); None: "
-                                     "when the advantage estimator needs them (grpo does).")
+    keep_groups: bool | None = Field(
+        None,
+        description="Move whole groups (all samples of a prompt); None: "
+        "when the advantage estimator needs them (grpo does).",
+    )
 
     @field_validator("partitioner")
     @classmethod
@@ -277,10 +369,13 @@ class BalanceConfig(Section):
 
 class PlacementConfig(Section):
     mode: Literal["full", "partial"] = Field(
-        "full", description="full: every device serves rollout, then GenRM, then training. partial: during "
-        "generation some devices serve rollout while the others serve GenRM at the same time; then all train.")
-    rollout_devices: int | None = Field(None, gt=0, description="partial: rollout devices at the start "
-                                        "(None: half of them, rounded up).")
+        "full",
+        description="full: every device serves rollout, then GenRM, then training. partial: during "
+        "generation some devices serve rollout while the others serve GenRM at the same time; then all train.",
+    )
+    rollout_devices: int | None = Field(
+        None, gt=0, description="partial: rollout devices at the start (None: half of them, rounded up)."
+    )
     min_rollout_devices: int = Field(1, gt=0, description="partial: lower bound of the rollout split.")
     min_genrm_devices: int = Field(1, gt=0, description="partial: lower bound of the GenRM split.")
     dynamic: bool = Field(True, description="partial: re-choose the split between steps from measured load.")
@@ -290,16 +385,24 @@ class PlacementConfig(Section):
 class CheckpointConfig(Section):
     """Asynchronous, crash-consistent checkpoints (yatt.checkpoint); SIGTERM/SIGUSR1 always save."""
 
-    every: int = Field(0, ge=0, description="Save every N steps, right after the weight sync (0: off; "
-                                            "preemption signals still save).")
+    every: int = Field(
+        0, ge=0, description="Save every N steps, right after the weight sync (0: off; preemption signals still save)."
+    )
     keep: int = Field(3, gt=0, description="Keep the newest K complete checkpoints; older ones are deleted.")
-    async_write: bool = Field(True, description="Write in a background thread; training only waits for the "
-                                                "host-memory snapshot. false: block until the files are on disk.")
-    export_hf: bool = Field(False, description="Also write the policy as a Hugging Face folder (policy/) "
-                                               "inside each checkpoint.")
+    async_write: bool = Field(
+        True,
+        description="Write in a background thread; training only waits for the "
+        "host-memory snapshot. false: block until the files are on disk.",
+    )
+    export_hf: bool = Field(
+        False, description="Also write the policy as a Hugging Face folder (policy/) inside each checkpoint."
+    )
     dir: Path | None = Field(None, description="Where checkpoints go; default run_dir/checkpoints.")
-    debug_write_delay_s: float = Field(0.0, ge=0.0, description="Test-only fault injection: sleep this long "
-                                                               "after each file written, to widen the crash window.")
+    debug_write_delay_s: float = Field(
+        0.0,
+        ge=0.0,
+        description="Test-only fault injection: sleep this long after each file written, to widen the crash window.",
+    )
 
 
 class WandbConfig(Section):
@@ -309,8 +412,10 @@ class WandbConfig(Section):
     project: str = Field("yatt", description="wandb project.")
     entity: str | None = Field(None, description="wandb entity (team or user); null: your default.")
     name: str | None = Field(None, description="Run name in wandb; null: run.name.")
-    mode: Literal["online", "offline"] = Field("offline", description="offline: write under the run directory "
-                                               "and upload later with `wandb sync` (no network needed).")
+    mode: Literal["online", "offline"] = Field(
+        "offline",
+        description="offline: write under the run directory and upload later with `wandb sync` (no network needed).",
+    )
 
 
 class RunConfig(Section):
@@ -321,11 +426,18 @@ class RunConfig(Section):
     seed: int = 0
     threads: int = Field(1, gt=0, description="Compute threads per process (1 on small CPU boxes).")
     export_policy: bool = Field(True, description="Write the final policy as an HF folder in the run dir.")
-    tensorboard: bool | None = Field(None, description="TensorBoard event files in run_dir/tensorboard; null: "
-                                     "when the tensorboard package is installed, true: required.")
+    tensorboard: bool | None = Field(
+        None,
+        description="TensorBoard event files in run_dir/tensorboard; null: "
+        "when the tensorboard package is installed, true: required.",
+    )
     wandb: WandbConfig = Field(default_factory=WandbConfig)
-    samples: int = Field(8, ge=0, description="At each eval, write this many held-out responses and this many of "
-                         "the step's training rollouts (rewards, judge scores) to samples.jsonl; 0: none.")
+    samples: int = Field(
+        8,
+        ge=0,
+        description="At each eval, write this many held-out responses and this many of "
+        "the step's training rollouts (rewards, judge scores) to samples.jsonl; 0: none.",
+    )
 
     @property
     def run_dir(self) -> Path:
@@ -339,47 +451,65 @@ class ExperimentConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-    critic: CriticConfig = Field(default_factory=CriticConfig, description="PPO's value model (on with "
-                                 "algorithm.advantage.kind: gae).")
+    critic: CriticConfig = Field(
+        default_factory=CriticConfig, description="PPO's value model (on with algorithm.advantage.kind: gae)."
+    )
     balance: BalanceConfig = Field(default_factory=BalanceConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "ExperimentConfig":
+    def _check_combinations(self) -> ExperimentConfig:
         if self.placement.mode == "partial" and not self.reward.judges:
-            raise ValueError("placement.mode=partial splits devices between rollout and a generative reward "
-                             "model, but reward.judges is empty; use placement.mode=full or add a judge")
+            raise ValueError(
+                "placement.mode=partial splits devices between rollout and a generative reward "
+                "model, but reward.judges is empty; use placement.mode=full or add a judge"
+            )
         advantage = self.algorithm.advantage.kind
         if ADVANTAGES.get(advantage).needs_groups:
             if self.rollout.group_size < 2:
-                raise ValueError(f"rollout.group_size must be >= 2 for {advantage} (advantages are relative "
-                                 "to the group)")
+                raise ValueError(
+                    f"rollout.group_size must be >= 2 for {advantage} (advantages are relative to the group)"
+                )
             if self.balance.keep_groups is False:
-                raise ValueError(f"balance.keep_groups=false would split groups across ranks, but {advantage} "
-                                 "advantages need whole groups on one rank")
+                raise ValueError(
+                    f"balance.keep_groups=false would split groups across ranks, but {advantage} "
+                    "advantages need whole groups on one rank"
+                )
         if ADVANTAGES.get(advantage).needs_greedy_baseline and self.reward.kind != "rule":
-            raise ValueError(f"{advantage} scores its greedy baseline responses with the rule verifier; it needs "
-                             f"reward.kind=rule, not {self.reward.kind}")
+            raise ValueError(
+                f"{advantage} scores its greedy baseline responses with the rule verifier; it needs "
+                f"reward.kind=rule, not {self.reward.kind}"
+            )
         if ADVANTAGES.get(advantage).needs_values and self.critic.enabled is False:
-            raise ValueError(f"algorithm.advantage.kind={advantage} reads a critic's values, but critic.enabled "
-                             "is false; set it to true or null")
+            raise ValueError(
+                f"algorithm.advantage.kind={advantage} reads a critic's values, but critic.enabled "
+                "is false; set it to true or null"
+            )
         if self.uses_critic and self.critic.warmup_steps >= self.run.steps:
-            raise ValueError(f"critic.warmup_steps={self.critic.warmup_steps} would leave no step of run.steps="
-                             f"{self.run.steps} in which the policy trains")
+            raise ValueError(
+                f"critic.warmup_steps={self.critic.warmup_steps} would leave no step of run.steps="
+                f"{self.run.steps} in which the policy trains"
+            )
         if self.data.prompts_per_step % self.algorithm.mini_batches:
-            raise ValueError(f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
-                             f"algorithm.mini_batches={self.algorithm.mini_batches}")
+            raise ValueError(
+                f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
+                f"algorithm.mini_batches={self.algorithm.mini_batches}"
+            )
         every = self.rollout.sync_every
         if every > 1 and self.checkpoint.every % every:
-            raise ValueError(f"checkpoint.every={self.checkpoint.every} must be a multiple of "
-                             f"rollout.sync_every={every}: a resumed run pushes the checkpointed policy to the "
-                             "engines, which is only what they held at a sync step")
+            raise ValueError(
+                f"checkpoint.every={self.checkpoint.every} must be a multiple of "
+                f"rollout.sync_every={every}: a resumed run pushes the checkpointed policy to the "
+                "engines, which is only what they held at a sync step"
+            )
         limit = self.rollout.engine.max_model_len
         if limit is not None and self.rollout_tokens > limit:
-            raise ValueError(f"data.max_prompt_tokens + rollout.max_new_tokens = {self.rollout_tokens} exceeds "
-                             f"rollout.engine.max_model_len={limit}")
+            raise ValueError(
+                f"data.max_prompt_tokens + rollout.max_new_tokens = {self.rollout_tokens} exceeds "
+                f"rollout.engine.max_model_len={limit}"
+            )
         return self
 
     @property
@@ -404,29 +534,44 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     (read here, where the run starts, never during validation). Raises ConfigError naming the field."""
     p = cfg.placement
     if p.mode == "partial" and world_size < p.min_rollout_devices + p.min_genrm_devices:
-        raise ConfigError(f"{source}: placement.mode=partial needs at least "
-                          f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
-                          f"min_genrm_devices), but {world_size} were launched")
+        raise ConfigError(
+            f"{source}: placement.mode=partial needs at least "
+            f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
+            f"min_genrm_devices), but {world_size} were launched"
+        )
     check_backends(cfg, world_size, source)
     tp, pp = cfg.trainer.model_parallel
     data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
     per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
     if rest or per_rank % cfg.algorithm.mini_batches:
-        raise ConfigError(f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
-                          f"{data_ranks} data-parallel ranks and then into algorithm.mini_batches="
-                          f"{cfg.algorithm.mini_batches}")
-    folders = {"model.path": cfg.model.path, **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges},
-               **({"critic.model": cfg.critic.model} if cfg.uses_critic and cfg.critic.model else {})}
+        raise ConfigError(
+            f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
+            f"{data_ranks} data-parallel ranks and then into algorithm.mini_batches="
+            f"{cfg.algorithm.mini_batches}"
+        )
+    folders = {
+        "model.path": cfg.model.path,
+        **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges},
+        **({"critic.model": cfg.critic.model} if cfg.uses_critic and cfg.critic.model else {}),
+    }
     for field, folder in folders.items():
         if not folder.is_dir():
-            raise ConfigError(f"{source}: {field}: model folder not found: {folder} (build the quickstart ones "
-                              "with `make quickstart` or `python launch/sft.py --config configs/sft_quickstart.yaml`)")
+            raise ConfigError(
+                f"{source}: {field}: model folder not found: {folder} (build the quickstart ones "
+                "with `make quickstart` or `python launch/sft.py --config configs/sft_quickstart.yaml`)"
+            )
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{source}: {field}: {folder} is not a Hugging Face model folder: config.json is missing")
-    if "critic.model" in folders and (vocab := model_vocab(cfg.critic.model)) is not None and \
-            (tokens := tokenizer_size(cfg.model.path)) is not None and vocab < tokens:
-        raise ConfigError(f"{source}: critic.model: its vocab_size ({vocab}) is smaller than the policy's tokenizer "
-                          f"({tokens} tokens): the critic reads the policy's token ids")
+    if (
+        "critic.model" in folders
+        and (vocab := model_vocab(cfg.critic.model)) is not None
+        and (tokens := tokenizer_size(cfg.model.path)) is not None
+        and vocab < tokens
+    ):
+        raise ConfigError(
+            f"{source}: critic.model: its vocab_size ({vocab}) is smaller than the policy's tokenizer "
+            f"({tokens} tokens): the critic reads the policy's token ids"
+        )
     for split in ("train", "eval"):
         data = getattr(cfg.data, split)
         missing = [str(f) for f in getattr(data, "files", []) if not f.is_file()]
@@ -435,33 +580,50 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     for field, folder in folders.items():
         vocab, tokens = model_vocab(folder), tokenizer_size(folder)
         if vocab is not None and tokens is not None and vocab < tokens:
-            raise ConfigError(f"{source}: {field}: the model's vocab_size ({vocab}, {folder}/config.json) is smaller "
-                              f"than its tokenizer's {tokens} tokens: token ids past {vocab - 1} cannot be embedded")
-    for field, folder in {"run.output_dir": cfg.run.run_dir,
-                          **({"checkpoint.dir": cfg.checkpoint.dir} if cfg.checkpoint.dir else {})}.items():
+            raise ConfigError(
+                f"{source}: {field}: the model's vocab_size ({vocab}, {folder}/config.json) is smaller "
+                f"than its tokenizer's {tokens} tokens: token ids past {vocab - 1} cannot be embedded"
+            )
+    for field, folder in {
+        "run.output_dir": cfg.run.run_dir,
+        **({"checkpoint.dir": cfg.checkpoint.dir} if cfg.checkpoint.dir else {}),
+    }.items():
         if problem := unwritable(Path(folder)):
             raise ConfigError(f"{source}: {field}: cannot write to {folder}: {problem}")
-    missing = [(setting, package, extra) for setting, package, extra, wanted in (
-        ("run.tensorboard=true", "tensorboard", "watch", cfg.run.tensorboard is True),
-        ("run.wandb.enabled=true", "wandb", "wandb", cfg.run.wandb.enabled),
-        ("a parquet data source", "pyarrow", "data", "parquet" in (getattr(cfg.data.train, "kind", ""),
-                                                                  getattr(cfg.data.eval, "kind", "")))) if wanted
-        and importlib.util.find_spec(package) is None]
+    missing = [
+        (setting, package, extra)
+        for setting, package, extra, wanted in (
+            ("run.tensorboard=true", "tensorboard", "watch", cfg.run.tensorboard is True),
+            ("run.wandb.enabled=true", "wandb", "wandb", cfg.run.wandb.enabled),
+            (
+                "a parquet data source",
+                "pyarrow",
+                "data",
+                "parquet" in (getattr(cfg.data.train, "kind", ""), getattr(cfg.data.eval, "kind", "")),
+            ),
+        )
+        if wanted and importlib.util.find_spec(package) is None
+    ]
     for setting, package, extra in missing:
         raise ConfigError(f"{source}: {setting} needs the {package} package: pip install 'yatt[{extra}]'")
     positions = model_positions(cfg.model.path)
     if positions and cfg.rollout_tokens > positions:
-        raise ConfigError(f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "
-                          f"(prompt + response tokens) but the model has {positions} positions; lower one of them")
+        raise ConfigError(
+            f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "
+            f"(prompt + response tokens) but the model has {positions} positions; lower one of them"
+        )
 
 
 def check_backends(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     """The backends' own checks (their `preflight` hooks): the trainer's, then each engine's, named by field."""
     checks = [("", getattr(cfg.trainer.backend_entry, "preflight", None), (cfg, world_size))]
-    engines = {"rollout.engine": cfg.rollout.engine, **{f"reward.judges[{j.name}].engine": j.engine
-                                                        for j in cfg.reward.judges}}
-    checks += [(f"{field}: ", getattr(engine.backend_entry, "preflight", None), (engine,))
-               for field, engine in engines.items()]
+    engines = {
+        "rollout.engine": cfg.rollout.engine,
+        **{f"reward.judges[{j.name}].engine": j.engine for j in cfg.reward.judges},
+    }
+    checks += [
+        (f"{field}: ", getattr(engine.backend_entry, "preflight", None), (engine,)) for field, engine in engines.items()
+    ]
     for field, check, args in checks:
         try:
             if check is not None:

@@ -127,8 +127,9 @@ class World:
         dist.all_gather(gathered, padded, group=self.group)
         return [g[: int(c)] for g, c in zip(gathered, counts)]
 
-    def exchange(self, sends: Mapping[int, Sequence[torch.Tensor]],
-                 recvs: Mapping[int, Sequence[torch.Tensor]]) -> None:
+    def exchange(
+        self, sends: Mapping[int, Sequence[torch.Tensor]], recvs: Mapping[int, Sequence[torch.Tensor]]
+    ) -> None:
         """Point to point: send `sends[peer]` to each peer and fill the buffers `recvs[peer]` from it.
 
         The i-th tensor a rank sends to a peer lands in the peer's i-th buffer for that rank (same shape
@@ -193,8 +194,12 @@ class World:
         folder = os.environ.get(RECORD_ENV)
         if not folder:
             return
-        entry = {"call": call, "op": op, "tensors": [
-            t if isinstance(t, dict) else _desc(t.device, t.dtype, list(t.shape)) for t in tensors], **extra}
+        entry = {
+            "call": call,
+            "op": op,
+            "tensors": [t if isinstance(t, dict) else _desc(t.device, t.dtype, list(t.shape)) for t in tensors],
+            **extra,
+        }
         Path(folder).mkdir(parents=True, exist_ok=True)
         with open(Path(folder) / f"rank{self.rank}.jsonl", "a") as f:  # a line per op: survives a crash
             f.write(json.dumps(entry) + "\n")

@@ -47,17 +47,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="yatt RL training: --nproc N starts N ranks, or run it under torchrun")
     parser.add_argument("--config", required=True, help="experiment YAML, e.g. configs/quickstart.yaml")
     parser.add_argument("--placement", choices=["full", "partial"], help="shortcut for placement.mode")
-    parser.add_argument("--nproc", type=int, metavar="N",
-                        help="start N ranks on this machine (torchrun's agent, in-process); omit under torchrun")
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="start N ranks on this machine (torchrun's agent, in-process); omit under torchrun",
+    )
     # auto by default: a requeued or restarted job reruns the same command line and must continue, not
     # start over and replace the checkpoints it would have continued from
-    parser.add_argument("--resume", default="auto", metavar="auto|PATH|none",
-                        help="auto (default): continue from the newest complete checkpoint of this run, or start "
-                             "fresh if it has none; PATH: that checkpoint; none: start over (needs --overwrite if "
-                             "the run has checkpoints)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="let --resume none start over a run that has checkpoints; what it replaces is kept "
-                             "in replaced/ until the new run's first checkpoint commits")
+    parser.add_argument(
+        "--resume",
+        default="auto",
+        metavar="auto|PATH|none",
+        help="auto (default): continue from the newest complete checkpoint of this run, or start "
+        "fresh if it has none; PATH: that checkpoint; none: start over (needs --overwrite if "
+        "the run has checkpoints)",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="let --resume none start over a run that has checkpoints; what it replaces is kept "
+        "in replaced/ until the new run's first checkpoint commits",
+    )
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides of the YAML")
     args = parser.parse_intermixed_args(argv)  # options may come after key=value overrides
     if args.nproc is not None and args.nproc < 1:
@@ -93,8 +104,10 @@ def report(line: str, quiet: bool, code: int) -> int:
     if not os.environ.get(AGENT_ENV):
         print(line, file=sys.stderr, flush=True)
     if path := os.environ.get(ERROR_FILE_ENV):
-        data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}},
-                "yatt": {"line": line, "code": code, "time_ns": time.time_ns()}}
+        data = {
+            "message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}},
+            "yatt": {"line": line, "code": code, "time_ns": time.time_ns()},
+        }
         Path(path).write_text(json.dumps(data))
     return code
 
@@ -143,15 +156,25 @@ def save_traceback(path: Path) -> str:
 # ---- the --nproc agent ----------------------------------------------------------------------------------------
 def rank_argv(args: argparse.Namespace) -> list[str]:
     """The command line of each rank: this one without --nproc."""
-    return ["--config", args.config, *(["--placement", args.placement] if args.placement else []),
-            "--resume", args.resume, *(["--overwrite"] if args.overwrite else []), *args.overrides]
+    return [
+        "--config",
+        args.config,
+        *(["--placement", args.placement] if args.placement else []),
+        "--resume",
+        args.resume,
+        *(["--overwrite"] if args.overwrite else []),
+        *args.overrides,
+    ]
 
 
 def first_failure(failures: dict) -> tuple[str, int]:
     """The line and exit code of the rank that failed first (by its error file, see `report`); a rank that died
     without one (a signal, a crash in C) when no rank reported."""
-    reported = [f.error_file_data["yatt"] for f in failures.values()
-                if isinstance(f.error_file_data, dict) and "yatt" in f.error_file_data]
+    reported = [
+        f.error_file_data["yatt"]
+        for f in failures.values()
+        if isinstance(f.error_file_data, dict) and "yatt" in f.error_file_data
+    ]
     if reported:
         first = min(reported, key=lambda r: r["time_ns"])
         return first["line"], int(first["code"])
@@ -177,9 +200,16 @@ def run_agent(args: argparse.Namespace, script: str) -> int:
     if args.nproc > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="yatt-launch-") as logs:  # the ranks' error files
-        config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=args.nproc, run_id=uuid.uuid4().hex,
-                              rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
-                              logs_specs=DefaultLogsSpecs(log_dir=logs))
+        config = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=args.nproc,
+            run_id=uuid.uuid4().hex,
+            rdzv_backend="c10d",
+            rdzv_endpoint="localhost:0",
+            max_restarts=0,
+            logs_specs=DefaultLogsSpecs(log_dir=logs),
+        )
         try:
             elastic_launch(config, sys.executable)(script, *rank_argv(args))
         except ChildFailedError as err:

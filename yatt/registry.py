@@ -70,8 +70,10 @@ class Registry:
         if name in self._entries:
             return name
         if not is_import_path(name):
-            raise ValueError(f"unknown {field or self.field} {name!r}; registered: {', '.join(self.names())} "
-                             "(or an import path 'package.module:attr')")
+            raise ValueError(
+                f"unknown {field or self.field} {name!r}; registered: {', '.join(self.names())} "
+                "(or an import path 'package.module:attr')"
+            )
         self._load(name, field)
         return name
 

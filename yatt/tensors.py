@@ -12,9 +12,8 @@ also carries `pixels`: the processor's image tensors, one row per sequence (yatt
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor
@@ -26,9 +25,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class TokenBatch:
-    input_ids: Tensor                      # [B, L] long
-    attention_mask: Tensor                 # [B, L] long
-    mask: Tensor                           # [B, L-1] float: response targets
+    input_ids: Tensor  # [B, L] long
+    attention_mask: Tensor  # [B, L] long
+    mask: Tensor  # [B, L-1] float: response targets
     extras: dict[str, Tensor] = field(default_factory=dict)  # [B] or [B, L-1] tensors riding along
     # the sampling temperature of the responses: log-probs are of softmax(logits / temperature), the
     # distribution the engine sampled from (1.0 for data that was not sampled, e.g. SFT)
@@ -38,7 +37,7 @@ class TokenBatch:
     pixels: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
-    def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> "TokenBatch":
+    def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
         lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
         width = max(lengths, default=2)  # a rank may hold no samples after rebalancing
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -63,23 +62,33 @@ class TokenBatch:
             out[i, cols] = torch.tensor(row, dtype=out.dtype)
         return out
 
-    def select(self, rows: Tensor | list[int]) -> "TokenBatch":
+    def select(self, rows: Tensor | list[int]) -> TokenBatch:
         """A sub-batch of `rows`, trimmed to its own longest sequence (less padding to compute)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         width = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 2
         extras = {k: (v[rows, : width - 1] if v.dim() == 2 else v[rows]) for k, v in self.extras.items()}
-        return TokenBatch(self.input_ids[rows, :width], self.attention_mask[rows, :width],
-                          self.mask[rows, : width - 1], extras, self.temperature,
-                          {k: v[rows] for k, v in self.pixels.items()})
+        return TokenBatch(
+            self.input_ids[rows, :width],
+            self.attention_mask[rows, :width],
+            self.mask[rows, : width - 1],
+            extras,
+            self.temperature,
+            {k: v[rows] for k, v in self.pixels.items()},
+        )
 
     def lengths(self) -> list[int]:
         """Real (unpadded) tokens per sequence."""
         return self.attention_mask.sum(dim=1).tolist()
 
-    def to(self, device: torch.device) -> "TokenBatch":
-        return TokenBatch(self.input_ids.to(device), self.attention_mask.to(device), self.mask.to(device),
-                          {k: v.to(device) for k, v in self.extras.items()}, self.temperature,
-                          {k: v.to(device) for k, v in self.pixels.items()})
+    def to(self, device: torch.device) -> TokenBatch:
+        return TokenBatch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.mask.to(device),
+            {k: v.to(device) for k, v in self.extras.items()},
+            self.temperature,
+            {k: v.to(device) for k, v in self.pixels.items()},
+        )
 
 
 # (logprobs [B, L-1] float32 with grad: log-prob of each target token under softmax(logits / mb.temperature)

@@ -20,21 +20,23 @@ from yatt.algorithms.gae import gae_advantages
 from yatt.algorithms.kl import KL_ESTIMATORS, get_kl_estimator, kl_estimate, kl_penalized_rewards
 from yatt.registry import Registry
 
-ADVANTAGES: Registry = Registry("algorithm.advantage.kind", {
-    "grpo": "yatt.algorithms.grpo:GRPO",
-    "rloo": "yatt.algorithms.rloo:RLOO",
-    "remax": "yatt.algorithms.remax:REMAX",
-    "reinforce_pp": "yatt.algorithms.reinforce_pp:REINFORCE_PP",
-    "reinforce_pp_baseline": "yatt.algorithms.reinforce_pp:REINFORCE_PP_BASELINE",
-    "gae": "yatt.algorithms.gae:GAE",
-    "opo": "yatt.algorithms.opo:OPO",
-    "gpg": "yatt.algorithms.gpg:GPG",
-    "grpo_passk": "yatt.algorithms.grpo_passk:GRPO_PASSK",
-})
-POLICY_LOSSES: Registry = Registry("algorithm.policy_loss.kind", {
-    "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",
-    "gspo": "yatt.algorithms.gspo:GSPO",
-})
+ADVANTAGES: Registry = Registry(
+    "algorithm.advantage.kind",
+    {
+        "grpo": "yatt.algorithms.grpo:GRPO",
+        "rloo": "yatt.algorithms.rloo:RLOO",
+        "remax": "yatt.algorithms.remax:REMAX",
+        "reinforce_pp": "yatt.algorithms.reinforce_pp:REINFORCE_PP",
+        "reinforce_pp_baseline": "yatt.algorithms.reinforce_pp:REINFORCE_PP_BASELINE",
+        "gae": "yatt.algorithms.gae:GAE",
+        "opo": "yatt.algorithms.opo:OPO",
+        "gpg": "yatt.algorithms.gpg:GPG",
+        "grpo_passk": "yatt.algorithms.grpo_passk:GRPO_PASSK",
+    },
+)
+POLICY_LOSSES: Registry = Registry(
+    "algorithm.policy_loss.kind", {"ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP", "gspo": "yatt.algorithms.gspo:GSPO"}
+)
 
 __all__ = [
     "ADVANTAGES",

@@ -17,8 +17,11 @@ def outcome_token_rewards(outcome: Tensor, mask: Tensor, token_kl: Tensor | None
     else:
         rewards = torch.zeros(mask.shape, dtype=outcome.dtype)
     positions = torch.arange(mask.shape[-1]).expand_as(valid)
-    last = torch.where(valid, positions, -1).max(dim=-1).values if mask.shape[-1] else positions.new_full(
-        (mask.shape[0],), -1)
+    last = (
+        torch.where(valid, positions, -1).max(dim=-1).values
+        if mask.shape[-1]
+        else positions.new_full((mask.shape[0],), -1)
+    )
     has = last >= 0
     rewards[has, last[has]] += outcome[has]
     return rewards

@@ -78,12 +78,15 @@ def _seq_mean_token_sum_norm(token_loss: Tensor, mask: Tensor, num_tokens, num_s
 
 
 # mode -> (token_loss [B, T], mask [B, T], num_tokens, num_seqs, norm_length) -> scalar loss
-LOSS_AGGREGATIONS: Registry = Registry("algorithm.loss_agg", {
-    "token-mean": _token_mean,
-    "seq-mean-token-sum": _seq_mean_token_sum,
-    "seq-mean-token-mean": _seq_mean_token_mean,
-    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
-})
+LOSS_AGGREGATIONS: Registry = Registry(
+    "algorithm.loss_agg",
+    {
+        "token-mean": _token_mean,
+        "seq-mean-token-sum": _seq_mean_token_sum,
+        "seq-mean-token-mean": _seq_mean_token_mean,
+        "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+    },
+)
 
 
 def aggregate_loss(

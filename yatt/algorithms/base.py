@@ -7,8 +7,9 @@ configured pair together for the controller, which logs every declared statistic
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor

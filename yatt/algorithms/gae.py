@@ -22,10 +22,18 @@ from yatt.algorithms.base import AdvantageEstimator, AdvantageInput, ComponentCo
 class GAEConfig(ComponentConfig):
     kind: Literal["gae"] = "gae"
     gamma: float = Field(1.0, ge=0.0, le=1.0, description="Discount of later token rewards.")
-    lam: float = Field(1.0, ge=0.0, le=1.0, description="GAE lambda: 1 is the Monte-Carlo return minus V "
-                       "(unbiased, leans on the critic least); lower trades variance for the critic's bias.")
-    whiten: bool = Field(True, description="Whiten the advantages over every response token of every rank "
-                         "(a global mean and variance); the critic's targets are unaffected.")
+    lam: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="GAE lambda: 1 is the Monte-Carlo return minus V "
+        "(unbiased, leans on the critic least); lower trades variance for the critic's bias.",
+    )
+    whiten: bool = Field(
+        True,
+        description="Whiten the advantages over every response token of every rank "
+        "(a global mean and variance); the critic's targets are unaffected.",
+    )
 
 
 def gae_advantages(

@@ -27,19 +27,23 @@ if TYPE_CHECKING:
 
 class GPGConfig(ComponentConfig):
     kind: Literal["gpg"] = "gpg"
-    normalize_std: bool = Field(False, description="Divide by the group's std (the paper's F_norm = std); false: "
-                                "F_norm = 1, the paper's default.")
+    normalize_std: bool = Field(
+        False,
+        description="Divide by the group's std (the paper's F_norm = std); false: F_norm = 1, the paper's default.",
+    )
 
 
-def gpg_advantages(rewards: Tensor, group_size: int, normalize_std: bool = False, world: World | None = None,
-                   eps: float = 1e-6) -> Tensor:
+def gpg_advantages(
+    rewards: Tensor, group_size: int, normalize_std: bool = False, world: World | None = None, eps: float = 1e-6
+) -> Tensor:
     """alpha * (r - group mean) [/ (group std + eps)] over consecutive groups of `group_size` in `rewards` [N];
     alpha = B / (B - M) over all ranks of `world` (every rank must call this, one holding no samples too)."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
-                         f"got shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
+        )
     grouped = rewards.view(-1, group_size)
     centered = grouped - grouped.mean(dim=1, keepdim=True)
     if normalize_std and group_size > 1:

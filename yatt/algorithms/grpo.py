@@ -13,13 +13,10 @@ from yatt.algorithms.base import AdvantageEstimator, AdvantageInput, ComponentCo
 
 class GRPOConfig(ComponentConfig):
     kind: Literal["grpo"] = "grpo"
-    normalize_std: bool = Field(True, description="Divide group-centred rewards by the group std "
-                                "(false: Dr. GRPO).")
+    normalize_std: bool = Field(True, description="Divide group-centred rewards by the group std (false: Dr. GRPO).")
 
 
-def grpo_advantages(
-    rewards: Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6
-) -> Tensor:
+def grpo_advantages(rewards: Tensor, group_size: int, normalize_std: bool = True, eps: float = 1e-6) -> Tensor:
     """Group-relative advantages: each sample's reward minus its group's mean (optionally / std).
 
     `rewards` is [N] with consecutive runs of `group_size` samples answering the same prompt.
@@ -32,8 +29,7 @@ def grpo_advantages(
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
         raise ValueError(
-            f"rewards must be 1-D with a length divisible by group_size={group_size}, "
-            f"got shape {tuple(rewards.shape)}"
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
         )
     if group_size == 1:
         return torch.zeros_like(rewards)

@@ -26,15 +26,19 @@ from yatt.algorithms.base import AdvantageEstimator, AdvantageInput, ComponentCo
 class GRPOPassKConfig(ComponentConfig):
     kind: Literal["grpo_passk"] = "grpo_passk"
     k: int = Field(4, ge=1, description="The k of the pass@k reward trained for; at most rollout.group_size.")
-    pass_threshold: float = Field(1.0, description="A response passes when its reward is at least this (1.0: a "
-                                  "full score); the analytical form is for pass/fail rewards.")
+    pass_threshold: float = Field(
+        1.0,
+        description="A response passes when its reward is at least this (1.0: a "
+        "full score); the analytical form is for pass/fail rewards.",
+    )
 
 
 def passk_advantages(rewards: Tensor, group_size: int, k: int, pass_threshold: float = 1.0) -> Tensor:
     """Per-sample pass@k advantages [N] over consecutive groups of `group_size` in `rewards` [N]."""
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
-                         f"got shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
+        )
     if not 1 <= k <= group_size:
         raise ValueError(f"algorithm.advantage.k={k} must be between 1 and rollout.group_size={group_size}")
     n = group_size

@@ -17,13 +17,19 @@ LOG_RATIO_MAX = 10.0
 
 class GSPOConfig(ComponentConfig):
     kind: Literal["gspo"] = "gspo"
-    clip_low: float = Field(3e-4, gt=0.0, lt=1.0, description="Sequence-ratio floor 1 - clip_low (the paper's "
-                            "3e-4: a sequence ratio is a geometric mean, so it moves far less than a token's).")
+    clip_low: float = Field(
+        3e-4,
+        gt=0.0,
+        lt=1.0,
+        description="Sequence-ratio floor 1 - clip_low (the paper's "
+        "3e-4: a sequence ratio is a geometric mean, so it moves far less than a token's).",
+    )
     clip_high: float = Field(4e-4, gt=0.0, description="Sequence-ratio ceiling 1 + clip_high (the paper's 4e-4).")
 
 
-def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor,
-              cfg: GSPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+def gspo_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, cfg: GSPOConfig
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token GSPO loss (the paper's GSPO-token form, as veRL writes it).
 
     s_i = exp(mean_t (logprob - old_logprob)) over sequence i's response tokens: the length-normalised

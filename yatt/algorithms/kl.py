@@ -7,7 +7,7 @@ straight-through variants (kl_straight_through.py). An estimator is `(logprobs, 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -45,14 +45,17 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return (torch.exp(-log_ratio) - 1 + log_ratio).clamp(-K3_CLAMP, K3_CLAMP)
 
 
-KL_ESTIMATORS: Registry = Registry("algorithm.kl_estimator", {
-    "k1": k1,
-    "k2": k2,
-    "k3": k3,
-    "abs": "yatt.algorithms.kl_abs:kl_abs",
-    "k1+": "yatt.algorithms.kl_straight_through:k1_plus",
-    "k3+": "yatt.algorithms.kl_straight_through:k3_plus",
-})
+KL_ESTIMATORS: Registry = Registry(
+    "algorithm.kl_estimator",
+    {
+        "k1": k1,
+        "k2": k2,
+        "k3": k3,
+        "abs": "yatt.algorithms.kl_abs:kl_abs",
+        "k1+": "yatt.algorithms.kl_straight_through:k1_plus",
+        "k3+": "yatt.algorithms.kl_straight_through:k3_plus",
+    },
+)
 
 
 def get_kl_estimator(name: str) -> Callable[[Tensor, Tensor], Tensor]:

@@ -14,12 +14,22 @@ ERROR_CLIP = 0.2
 class KLControlConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["fixed", "adaptive"] = Field(
-        "fixed", description="fixed: the coefficient stays algorithm.kl_coef. adaptive: it starts at kl_coef and "
-        "is multiplied after every step by 1 + clip(kl / target_kl - 1, -0.2, 0.2) * samples / horizon.")
-    target_kl: float = Field(0.01, gt=0.0, description="adaptive: the per-token KL to the reference (the "
-                             "actor/kl_ref metric, in the algorithm.kl_estimator's units) to steer towards.")
-    horizon: float = Field(10_000, gt=0.0, description="adaptive: samples over which a persistent 20% error "
-                           "changes the coefficient by a factor of about e^0.2 (larger: slower).")
+        "fixed",
+        description="fixed: the coefficient stays algorithm.kl_coef. adaptive: it starts at kl_coef and "
+        "is multiplied after every step by 1 + clip(kl / target_kl - 1, -0.2, 0.2) * samples / horizon.",
+    )
+    target_kl: float = Field(
+        0.01,
+        gt=0.0,
+        description="adaptive: the per-token KL to the reference (the "
+        "actor/kl_ref metric, in the algorithm.kl_estimator's units) to steer towards.",
+    )
+    horizon: float = Field(
+        10_000,
+        gt=0.0,
+        description="adaptive: samples over which a persistent 20% error "
+        "changes the coefficient by a factor of about e^0.2 (larger: slower).",
+    )
 
 
 class KLController:

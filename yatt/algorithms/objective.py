@@ -19,8 +19,7 @@ from yatt.algorithms.base import AdvantageInput
 from yatt.algorithms.kl import kl_estimate
 from yatt.algorithms.kl_control import KLController
 from yatt.algorithms.rollout_is import correction_weights, mismatch_metrics
-from yatt.tensors import LossFn
-from yatt.tensors import TokenBatch
+from yatt.tensors import LossFn, TokenBatch
 
 if TYPE_CHECKING:
     from yatt.config import AlgorithmConfig
@@ -60,8 +59,11 @@ class Algorithm:
     @property
     def stats(self) -> tuple[str, ...]:
         """What every loss_fn call reports as sums over its tokens (plus "tokens", the count)."""
-        return (("policy_loss", *self.loss.stats) + (("kl_loss",) if self.kl_in_loss else ())
-                + (("entropy_bonus",) if self.needs_entropy else ()))
+        return (
+            ("policy_loss", *self.loss.stats)
+            + (("kl_loss",) if self.kl_in_loss else ())
+            + (("entropy_bonus",) if self.needs_entropy else ())
+        )
 
     def advantages(self, inp: AdvantageInput) -> tuple[Tensor, Tensor | None]:
         """(advantages, the critic's targets): the targets only from an estimator that reads values (gae)."""
@@ -70,8 +72,9 @@ class Algorithm:
 
     def mismatch_metrics(self, batch: TokenBatch, world: World | None) -> dict[str, float]:
         """rollout_is/* metrics of the step's batch (its old log-probs complete), over all ranks."""
-        return mismatch_metrics(batch.extras["old_logprobs"], batch.extras["rollout_logprobs"], batch.mask,
-                                self.cfg.rollout_is, world)
+        return mismatch_metrics(
+            batch.extras["old_logprobs"], batch.extras["rollout_logprobs"], batch.mask, self.cfg.rollout_is, world
+        )
 
     def objective(self, num_tokens: float, num_seqs: float, norm_length: int) -> LossFn:
         """A loss function for `Trainer.train_mini_batch` (`yatt.trainers.base.LossFn`).
@@ -90,8 +93,9 @@ class Algorithm:
             old = old_logprobs(logp, mb)
             token_loss, stats = self.loss.compute(logp, old, mb.extras["advantages"], mb.mask, cfg.policy_loss)
             if cfg.rollout_is.mode != "none":  # only then do the engine's log-probs have to ride along
-                token_loss = token_loss * correction_weights(old, mb.extras["rollout_logprobs"], mb.mask,
-                                                             cfg.rollout_is)
+                token_loss = token_loss * correction_weights(
+                    old, mb.extras["rollout_logprobs"], mb.mask, cfg.rollout_is
+                )
             tokens = float(mb.mask.sum())
             sums = {"tokens": tokens, "policy_loss": float(masked_sum(token_loss.detach(), mb.mask))}
             sums.update({k: float(stats[k]) * tokens for k in self.loss.stats})
@@ -101,12 +105,15 @@ class Algorithm:
                 sums["kl_loss"] = float(masked_sum(kl.detach(), mb.mask))
             if self.needs_entropy:
                 if entropy is None:
-                    raise ValueError("algorithm.entropy_coef > 0 but the trainer passed no entropy; call "
-                                     "train_mini_batch(..., with_entropy=True)")
+                    raise ValueError(
+                        "algorithm.entropy_coef > 0 but the trainer passed no entropy; call "
+                        "train_mini_batch(..., with_entropy=True)"
+                    )
                 token_loss = token_loss - cfg.entropy_coef * entropy
                 sums["entropy_bonus"] = float(masked_sum(entropy.detach(), mb.mask))
-            loss = aggregate_loss(token_loss, mb.mask, cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
-                                  norm_length=norm_length)
+            loss = aggregate_loss(
+                token_loss, mb.mask, cfg.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
+            )
             return loss, sums
 
         return loss_fn

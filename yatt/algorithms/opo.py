@@ -30,8 +30,10 @@ def opo_advantages(rewards: Tensor, lengths: Tensor, group_size: int) -> Tensor:
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if rewards.dim() != 1 or rewards.numel() % group_size != 0 or lengths.shape != rewards.shape:
-        raise ValueError(f"rewards and lengths must be 1-D of the same length, divisible by group_size={group_size}, "
-                         f"got {tuple(rewards.shape)} and {tuple(lengths.shape)}")
+        raise ValueError(
+            f"rewards and lengths must be 1-D of the same length, divisible by group_size={group_size}, "
+            f"got {tuple(rewards.shape)} and {tuple(lengths.shape)}"
+        )
     grouped = rewards.view(-1, group_size)
     weights = lengths.to(rewards.dtype).view(-1, group_size)
     weights = torch.where(weights.sum(dim=1, keepdim=True) > 0, weights, 1.0)

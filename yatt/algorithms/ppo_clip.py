@@ -18,17 +18,14 @@ LOG_RATIO_CLAMP = 20.0
 class PPOClipConfig(ComponentConfig):
     kind: Literal["ppo_clip"] = "ppo_clip"
     clip_low: float = Field(0.2, gt=0.0, lt=1.0, description="Ratio floor 1 - clip_low.")
-    clip_high: float = Field(0.2, gt=0.0, description="Ratio ceiling 1 + clip_high; above clip_low for "
-                             "clip-higher (DAPO).")
+    clip_high: float = Field(
+        0.2, gt=0.0, description="Ratio ceiling 1 + clip_high; above clip_low for clip-higher (DAPO)."
+    )
     dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip bound c for negative advantages.")
 
 
 def ppo_clip_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    cfg: PPOClipConfig,
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, cfg: PPOClipConfig
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate per token, with optional clip-higher (DAPO) and dual-clip.
 
@@ -75,5 +72,8 @@ def ppo_clip_loss(
     return loss, {k: v.detach() for k, v in stats.items()}
 
 
-PPO_CLIP = PolicyLoss(config=PPOClipConfig, compute=ppo_clip_loss,
-                      stats=("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "approx_kl_k2"))
+PPO_CLIP = PolicyLoss(
+    config=PPOClipConfig,
+    compute=ppo_clip_loss,
+    stats=("clip_frac", "dual_clip_frac", "ratio_mean", "approx_kl", "approx_kl_k2"),
+)

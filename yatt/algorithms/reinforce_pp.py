@@ -55,8 +55,12 @@ def reinforce_pp_advantages(inp: AdvantageInput, gamma: float, group_baseline: b
 
 
 REINFORCE_PP = AdvantageEstimator(
-    config=ReinforcePPConfig, needs_groups=False,
-    compute=lambda inp, cfg: reinforce_pp_advantages(inp, cfg.gamma, group_baseline=False))
+    config=ReinforcePPConfig,
+    needs_groups=False,
+    compute=lambda inp, cfg: reinforce_pp_advantages(inp, cfg.gamma, group_baseline=False),
+)
 REINFORCE_PP_BASELINE = AdvantageEstimator(
-    config=ReinforcePPBaselineConfig, needs_groups=True,
-    compute=lambda inp, cfg: reinforce_pp_advantages(inp, cfg.gamma, group_baseline=True))
+    config=ReinforcePPBaselineConfig,
+    needs_groups=True,
+    compute=lambda inp, cfg: reinforce_pp_advantages(inp, cfg.gamma, group_baseline=True),
+)

@@ -23,8 +23,10 @@ def remax_advantages(rewards: Tensor, baselines: Tensor) -> Tensor:
 
 def _compute(inp: AdvantageInput, cfg: ReMaxConfig) -> Tensor:
     if inp.baselines is None:
-        raise ValueError("remax needs the greedy baselines (AdvantageInput.baselines); the controller passes them "
-                         "when the estimator says needs_greedy_baseline")
+        raise ValueError(
+            "remax needs the greedy baselines (AdvantageInput.baselines); the controller passes them "
+            "when the estimator says needs_greedy_baseline"
+        )
     return remax_advantages(inp.rewards, inp.baselines)
 
 

@@ -25,8 +25,9 @@ def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     if rewards.dim() != 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
-                         f"got shape {tuple(rewards.shape)}")
+        raise ValueError(
+            f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
+        )
     if group_size == 1:
         return torch.zeros_like(rewards)
     grouped = rewards.view(-1, group_size)

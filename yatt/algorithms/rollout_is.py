@@ -32,18 +32,23 @@ LOG_RATIO_CLAMP = 20.0
 class RolloutISConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     mode: Literal["none", "truncate", "mask"] = Field(
-        "none", description="none: no correction (the ratio is still measured and logged as rollout_is/*). "
+        "none",
+        description="none: no correction (the ratio is still measured and logged as rollout_is/*). "
         "truncate: weight each token's policy loss by min(ratio, threshold). mask: drop tokens (or sequences) "
-        "whose ratio is above threshold or below lower_threshold.")
+        "whose ratio is above threshold or below lower_threshold.",
+    )
     level: Literal["token", "sequence", "geometric"] = Field(
-        "token", description="token: one ratio per token. sequence: the product of a sequence's token ratios. "
-        "geometric: their geometric mean (length-independent).")
+        "token",
+        description="token: one ratio per token. sequence: the product of a sequence's token ratios. "
+        "geometric: their geometric mean (length-independent).",
+    )
     threshold: float = Field(2.0, gt=1.0, description="C: truncation cap (truncate) or upper bound (mask).")
-    lower_threshold: float | None = Field(None, gt=0.0, lt=1.0, description="mask: lower bound of the kept "
-                                          "ratios; None: 1 / threshold.")
+    lower_threshold: float | None = Field(
+        None, gt=0.0, lt=1.0, description="mask: lower bound of the kept ratios; None: 1 / threshold."
+    )
 
     @model_validator(mode="after")
-    def _lower_only_for_mask(self) -> "RolloutISConfig":
+    def _lower_only_for_mask(self) -> RolloutISConfig:
         if self.lower_threshold is not None and self.mode != "mask":
             raise ValueError("algorithm.rollout_is.lower_threshold applies to mode=mask only")
         return self
@@ -77,8 +82,9 @@ def is_weights(ratio: Tensor, mask: Tensor, cfg: RolloutISConfig) -> tuple[Tenso
     return torch.where(valid, weights, 0.0), changed
 
 
-def correction_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor,
-                       cfg: RolloutISConfig) -> Tensor | None:
+def correction_weights(
+    old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cfg: RolloutISConfig
+) -> Tensor | None:
     """[B, T] weights of the policy loss (0 where masked), or None when mode is none. Every level's ratio
     depends on its own row only, so a micro-batch of whole rows gets exactly its rows' weights."""
     if cfg.mode == "none":
@@ -86,8 +92,9 @@ def correction_weights(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Ten
     return is_weights(is_ratios(old_logprobs, rollout_logprobs, mask, cfg.level), mask, cfg)[0]
 
 
-def mismatch_metrics(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cfg: RolloutISConfig,
-                     world: World | None = None) -> dict[str, float]:
+def mismatch_metrics(
+    old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, cfg: RolloutISConfig, world: World | None = None
+) -> dict[str, float]:
     """Metrics over all ranks (token-weighted; every rank must call this): rollout_is/ratio_mean, ratio_max,
     ratio_min (the ratio at the configured level), rollout_is/mismatch_kl (mean k3 estimate of
     KL(rollout || trainer) per token), rollout_is/changed_frac (tokens truncated or dropped) and
@@ -97,13 +104,25 @@ def mismatch_metrics(old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tenso
     weights, changed = is_weights(ratio, mask, cfg)
     token_ratio = is_ratios(old_logprobs, rollout_logprobs, mask, "token")
     k3 = token_ratio - 1 - torch.log(token_ratio)  # r - 1 - log r: >= 0, 0 when the two agree
-    sums = [float(mask.sum()), float(masked_sum(ratio, valid)), float(masked_sum(k3, valid)),
-            float(changed.sum()), float(masked_sum(weights, valid))]
-    extremes = [float(ratio[valid].max()) if valid.any() else 0.0, -float(ratio[valid].min()) if valid.any() else
-                -float("inf")]
+    sums = [
+        float(mask.sum()),
+        float(masked_sum(ratio, valid)),
+        float(masked_sum(k3, valid)),
+        float(changed.sum()),
+        float(masked_sum(weights, valid)),
+    ]
+    extremes = [
+        float(ratio[valid].max()) if valid.any() else 0.0,
+        -float(ratio[valid].min()) if valid.any() else -float("inf"),
+    ]
     if world is not None:
         sums, extremes = world.sum(sums), world.max(extremes)
     tokens = max(sums[0], 1.0)
-    return {"rollout_is/ratio_mean": sums[1] / tokens, "rollout_is/mismatch_kl": sums[2] / tokens,
-            "rollout_is/changed_frac": sums[3] / tokens, "rollout_is/weight_mean": sums[4] / tokens,
-            "rollout_is/ratio_max": extremes[0], "rollout_is/ratio_min": -extremes[1] if sums[0] else 0.0}
+    return {
+        "rollout_is/ratio_mean": sums[1] / tokens,
+        "rollout_is/mismatch_kl": sums[2] / tokens,
+        "rollout_is/changed_frac": sums[3] / tokens,
+        "rollout_is/weight_mean": sums[4] / tokens,
+        "rollout_is/ratio_max": extremes[0],
+        "rollout_is/ratio_min": -extremes[1] if sums[0] else 0.0,
+    }

@@ -8,8 +8,9 @@ from torch import Tensor
 from yatt.algorithms.aggregation import masked_mean
 
 
-def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
-                       clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+def clipped_value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = old + clip(V - old, -clip, +clip), as PPO2,
     veRL and OpenRLHF do: the pessimistic of the plain and the clipped error, so one update cannot move a
     value further than `clip` from the value the advantages were computed with. clip=None: 0.5 * (V - R)^2.
@@ -29,6 +30,8 @@ def clipped_value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask
         loss, clipped_active = 0.5 * torch.maximum(plain, clipped), clipped > plain
     loss = torch.where(valid, loss, 0.0)
     with torch.no_grad():
-        stats = {"vf_clipfrac": masked_mean(clipped_active.to(values.dtype), valid),
-                 "value_pred_mean": masked_mean(values, valid)}
+        stats = {
+            "vf_clipfrac": masked_mean(clipped_active.to(values.dtype), valid),
+            "value_pred_mean": masked_mean(values, valid),
+        }
     return loss, {k: v.detach() for k, v in stats.items()}

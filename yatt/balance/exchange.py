@@ -18,8 +18,8 @@ and position each sample came from, for anything logged per original sample.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import torch
 
@@ -69,20 +69,33 @@ class Plan:
         return sum(self.unit_size for src, units in enumerate(self.dest) for d in units if d != src)
 
     def metrics(self) -> dict[str, float]:
-        return {"balance/imbalance_before": self.imbalance(after=False),
-                "balance/imbalance_after": self.imbalance(after=True),
-                "balance/moved_samples": float(self.moved_samples),
-                "balance/moved_pixel_bytes": float(self.moved_samples * self.pixel_bytes)}
+        return {
+            "balance/imbalance_before": self.imbalance(after=False),
+            "balance/imbalance_after": self.imbalance(after=True),
+            "balance/moved_samples": float(self.moved_samples),
+            "balance/moved_pixel_bytes": float(self.moved_samples * self.pixel_bytes),
+        }
 
 
-def plan_rebalance(lengths: Lengths, unit_size: int, attention_coef: float = 0.0, partitioner: str = "kk",
-                   equal_count: bool = False, enabled: bool = True) -> Plan:
+def plan_rebalance(
+    lengths: Lengths,
+    unit_size: int,
+    attention_coef: float = 0.0,
+    partitioner: str = "kk",
+    equal_count: bool = False,
+    enabled: bool = True,
+) -> Plan:
     """A deterministic plan: the same on every rank given the same gathered lengths."""
     for rank, samples in enumerate(lengths):
         if len(samples) % unit_size:
             raise ValueError(f"rank {rank} holds {len(samples)} samples, not a multiple of the unit size {unit_size}")
-    workloads = [[sum(sample_workload(p, r, attention_coef) for p, r in samples[s : s + unit_size])
-                  for s in range(0, len(samples), unit_size)] for samples in lengths]
+    workloads = [
+        [
+            sum(sample_workload(p, r, attention_coef) for p, r in samples[s : s + unit_size])
+            for s in range(0, len(samples), unit_size)
+        ]
+        for samples in lengths
+    ]
     identity = Plan(unit_size, lengths, workloads, [[rank] * len(units) for rank, units in enumerate(workloads)])
     k = len(lengths)
     if not enabled or k == 1:
@@ -132,6 +145,7 @@ def _cancel_swaps(dest: list[list[int]], workloads: list[list[float]]) -> None:
 
 # ---- over the world's collectives (CPU tensors: metadata, see yatt.distributed) --------------------
 
+
 def gather_lengths(world: World, samples: Sequence[Rollout]) -> Lengths:
     """Every rank's per-sample (prompt, response) token counts; ranks may hold different counts."""
     local = torch.tensor([[len(s.prompt_ids), len(s.response_ids)] for s in samples], dtype=torch.int64).view(-1, 2)
@@ -149,16 +163,28 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(ints, dtype=torch.int64), torch.tensor(floats, dtype=torch.float64)
 
 
-def _unpack(ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, int]], lengths: Lengths) -> list[Rollout]:
+def _unpack(
+    ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, int]], lengths: Lengths
+) -> list[Rollout]:
     ints_l, floats_l = ints.tolist(), floats.tolist()
     out, a, b = [], 0, 0
     for rank, index in origins:
         p, r = lengths[rank][index]
         if (ints_l[a], ints_l[a + 1]) != (rank, index):
-            raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a:a + 2])}")
+            raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a : a + 2])}")
         finish, prompt, response = ints_l[a + 2], ints_l[a + 3 : a + 3 + p], ints_l[a + 3 + p : a + 3 + p + r]
-        out.append(Rollout(None, prompt, response, floats_l[b + 2 : b + 2 + r], FINISH_REASONS[finish],
-                           reward=floats_l[b], baseline=floats_l[b + 1], origin=(rank, index)))
+        out.append(
+            Rollout(
+                None,
+                prompt,
+                response,
+                floats_l[b + 2 : b + 2 + r],
+                FINISH_REASONS[finish],
+                reward=floats_l[b],
+                baseline=floats_l[b + 1],
+                origin=(rank, index),
+            )
+        )
         a, b = a + 3 + p + r, b + 2 + r
     return out
 
@@ -188,11 +214,11 @@ class PixelLayout:
         return out + [0] * (_SPEC_WIDTH - len(out))
 
     @classmethod
-    def decode(cls, spec: list[int]) -> "PixelLayout":
+    def decode(cls, spec: list[int]) -> PixelLayout:
         parts, at = [], 1
         for _ in range(spec[0]):
             key, dtype, ndim = PIXEL_KEYS[spec[at]], PIXEL_DTYPES[spec[at + 1]], spec[at + 2]
-            parts.append((key, dtype, tuple(spec[at + 3: at + 3 + ndim])))
+            parts.append((key, dtype, tuple(spec[at + 3 : at + 3 + ndim])))
             at += 3 + ndim
         return cls(tuple(parts))
 
@@ -233,7 +259,7 @@ def _unpack_pixels(flat: torch.Tensor, samples: list[Rollout], layout: PixelLayo
         pixels = {}
         for key, dtype, shape in layout.parts:
             n = math.prod(shape)
-            pixels[key] = flat[at: at + n].reshape(shape).to(dtype)
+            pixels[key] = flat[at : at + n].reshape(shape).to(dtype)
             at += n
         # the images themselves stay with the rank that read them; training needs only the encoded inputs
         s.vision = PromptImages([], [], list(s.prompt_ids), pixels)
@@ -259,8 +285,11 @@ def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayo
         origins = [(peer, i) for i in plan.moves(peer, rank)]
         if origins:
             n_int, n_float = _message_sizes(plan.lengths, origins)
-            recvs[peer] = (torch.empty(n_int, dtype=torch.int64), torch.empty(n_float, dtype=torch.float64),
-                           *([torch.empty(len(origins) * layout.floats)] if layout else []))
+            recvs[peer] = (
+                torch.empty(n_int, dtype=torch.int64),
+                torch.empty(n_float, dtype=torch.float64),
+                *([torch.empty(len(origins) * layout.floats)] if layout else []),
+            )
             inbox.append((recvs[peer], origins))
     world.exchange(sends, recvs)
     held = [s for i, s in enumerate(samples) if i in keep]
@@ -301,11 +330,17 @@ def restore_order(world: World, plan: Plan, values: torch.Tensor) -> torch.Tenso
     return out
 
 
-def rebalance(world: World, samples: list[Rollout], unit_size: int, attention_coef: float = 0.0,
-              partitioner: str = "kk", equal_count: bool = False, enabled: bool = True) -> tuple[list[Rollout], Plan]:
+def rebalance(
+    world: World,
+    samples: list[Rollout],
+    unit_size: int,
+    attention_coef: float = 0.0,
+    partitioner: str = "kk",
+    equal_count: bool = False,
+    enabled: bool = True,
+) -> tuple[list[Rollout], Plan]:
     """Gather lengths, plan, exchange: the one call the controller shard makes."""
-    plan = plan_rebalance(gather_lengths(world, samples), unit_size, attention_coef, partitioner, equal_count,
-                          enabled)
+    plan = plan_rebalance(gather_lengths(world, samples), unit_size, attention_coef, partitioner, equal_count, enabled)
     if plan.moved_samples == 0:
         return exchange(world, samples, plan), plan
     layout = _pixel_layout(world, samples)

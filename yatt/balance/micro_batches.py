@@ -9,11 +9,16 @@ gradient up to float rounding: packing changes speed and memory, not the update.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
-def pack_by_tokens(lengths: Sequence[int], budget: int, padded: bool = True, max_rows: int | None = None,
-                   shared: Sequence[int] | None = None) -> list[list[int]]:
+def pack_by_tokens(
+    lengths: Sequence[int],
+    budget: int,
+    padded: bool = True,
+    max_rows: int | None = None,
+    shared: Sequence[int] | None = None,
+) -> list[list[int]]:
     """Row indices per micro-batch with at most `budget` tokens (a longer row goes alone) and `max_rows`
     rows: padded tokens (len(mb) * max length) if `padded`, else real tokens (sum of lengths).
 
@@ -52,8 +57,9 @@ def pack_by_tokens(lengths: Sequence[int], budget: int, padded: bool = True, max
     return batches
 
 
-def micro_batch_rows(lengths: Sequence[int], size: int, token_budget: int = 0, padded: bool = True,
-                     shared: Sequence[int] | None = None) -> list[list[int]]:
+def micro_batch_rows(
+    lengths: Sequence[int], size: int, token_budget: int = 0, padded: bool = True, shared: Sequence[int] | None = None
+) -> list[list[int]]:
     """The trainer's micro-batches: under token_budget (and at most `size` rows) when token_budget > 0,
     else `size` rows in order. `shared`: as in pack_by_tokens."""
     if token_budget > 0:

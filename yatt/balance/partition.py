@@ -7,7 +7,7 @@ item index (and, for Karmarkar-Karp, by creation order of partial solutions).
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from yatt.registry import Registry
 

@@ -10,8 +10,7 @@ def sample_workload(prompt_tokens: int, response_tokens: int, attention_coef: fl
     """
     if prompt_tokens < 0 or response_tokens < 0:
         raise ValueError(
-            f"token counts must be non-negative, got prompt_tokens={prompt_tokens}, "
-            f"response_tokens={response_tokens}"
+            f"token counts must be non-negative, got prompt_tokens={prompt_tokens}, response_tokens={response_tokens}"
         )
     if attention_coef < 0:
         raise ValueError(f"attention_coef must be non-negative, got {attention_coef}")

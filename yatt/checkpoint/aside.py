@@ -51,4 +51,3 @@ def drop_aside(folder: Path) -> None:
         shutil.rmtree(doomed, ignore_errors=True)
         aside.rename(doomed)
     shutil.rmtree(doomed, ignore_errors=True)
-

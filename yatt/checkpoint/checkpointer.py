@@ -10,17 +10,24 @@ import secrets
 import signal
 import time
 import warnings
-from pathlib import Path
+from collections.abc import Callable
 from functools import partial
-from typing import Any, Callable, Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from yatt.checkpoint.aside import drop_aside, set_aside
 from yatt.checkpoint.fingerprint import config_fingerprint
 from yatt.checkpoint.manifest import CheckpointError
 from yatt.checkpoint.resume import check_compatible, find_resume, load_part
 from yatt.checkpoint.snapshot import Snapshot, snapshot
-from yatt.checkpoint.writer import (CheckpointWriter, SaveJob, complete_checkpoints, point_latest, remove_stale,
-                                   step_dir_name)
+from yatt.checkpoint.writer import (
+    CheckpointWriter,
+    SaveJob,
+    complete_checkpoints,
+    point_latest,
+    remove_stale,
+    step_dir_name,
+)
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
 
@@ -68,8 +75,16 @@ class Checkpointer:
         self.fingerprint = config_fingerprint(cfg, world.size)
         token = world.broadcast_object(secrets.token_hex(4))  # one staging-dir token per launch, all ranks
         ck = cfg.checkpoint
-        self.writer = CheckpointWriter(self.root, world.rank, world.size, token, ck.keep, ck.async_write,
-                                       ck.debug_write_delay_s, on_commit=self.committed)
+        self.writer = CheckpointWriter(
+            self.root,
+            world.rank,
+            world.size,
+            token,
+            ck.keep,
+            ck.async_write,
+            ck.debug_write_delay_s,
+            on_commit=self.committed,
+        )
         self.saved_step = -1
         self.stall_seconds: list[float] = []
 
@@ -80,12 +95,16 @@ class Checkpointer:
         answer: Any = None
         if self.world.is_main:
             try:
-                if mode == "none" and not overwrite and (done := complete_checkpoints(self.root)
-                                                         if self.root.is_dir() else []):
+                if (
+                    mode == "none"
+                    and not overwrite
+                    and (done := complete_checkpoints(self.root) if self.root.is_dir() else [])
+                ):
                     raise CheckpointError(
                         f"run {self.cfg.run.run_dir} has {len(done)} checkpoint(s) in {self.root} (newest "
                         f"{done[-1][1].name}); --resume none would start it over: add --overwrite (they are kept "
-                        "until the new run's first checkpoint commits), or choose another run.name")
+                        "until the new run's first checkpoint commits), or choose another run.name"
+                    )
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     found = find_resume(self.root, mode)

@@ -20,10 +20,10 @@ def config_fingerprint(cfg: ExperimentConfig, world_size: int) -> dict[str, Any]
     fields = {
         "world_size": world_size,
         "model": {"path": str(cfg.model.path), "config_json_blake2b": hashlib.blake2b(arch).hexdigest()[:32]},
-        "data": cfg.data.model_dump(mode="json", include={"train", "prompts_per_step", "max_prompt_tokens",
-                                                          "shuffle"}),
-        "rollout": cfg.rollout.model_dump(mode="json", include={"group_size", "temperature", "top_p",
-                                                                "max_new_tokens"}),
+        "data": cfg.data.model_dump(mode="json", include={"train", "prompts_per_step", "max_prompt_tokens", "shuffle"}),
+        "rollout": cfg.rollout.model_dump(
+            mode="json", include={"group_size", "temperature", "top_p", "max_new_tokens"}
+        ),
         "reward": cfg.reward.model_dump(mode="json", exclude={"judges": {"__all__": {"engine"}}}),
         "algorithm": cfg.algorithm.model_dump(mode="json"),
         "trainer": cfg.trainer.model_dump(mode="json", exclude={"micro_batch_size", "micro_batch_tokens"}),

@@ -72,10 +72,16 @@ def describe_files(root: Path, paths: list[Path]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def write_manifest(folder: Path, step: int, world_size: int, fingerprint: dict[str, Any],
-                   files: dict[str, dict[str, Any]]) -> None:
-    manifest = {"format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
-                "fingerprint": fingerprint, "files": files}
+def write_manifest(
+    folder: Path, step: int, world_size: int, fingerprint: dict[str, Any], files: dict[str, dict[str, Any]]
+) -> None:
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "world_size": world_size,
+        "fingerprint": fingerprint,
+        "files": files,
+    }
     write_atomic(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
 
 
@@ -88,8 +94,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{folder}: unreadable {MANIFEST} ({err})") from None
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{folder}: format version {manifest.get('format_version')}, this yatt reads "
-                              f"{FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{folder}: format version {manifest.get('format_version')}, this yatt reads {FORMAT_VERSION}"
+        )
     return manifest
 
 
@@ -122,5 +129,8 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def fingerprint_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """'field: checkpoint X, now Y' for every field of the fingerprints that differs."""
     a, b = _flat(saved), _flat(current)
-    return [f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
-            for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [
+        f"{k}: checkpoint {a.get(k, '<absent>')!r}, now {b.get(k, '<absent>')!r}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k) != b.get(k)
+    ]

@@ -41,8 +41,9 @@ def newest_complete(root: Path) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint under `root` that verifies, warning about each newer one it skips."""
     for _, complete, folder in _candidates(Path(root)):
         if not complete:
-            warnings.warn(f"skipping partial checkpoint {folder} (its write never finished)", CheckpointWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"skipping partial checkpoint {folder} (its write never finished)", CheckpointWarning, stacklevel=2
+            )
             continue
         try:
             return folder, verify(folder)
@@ -72,9 +73,11 @@ def check_compatible(folder: Path, manifest: dict[str, Any], fingerprint: dict[s
     """Refuse a checkpoint written under a config whose fingerprinted fields differ from this one."""
     diffs = fingerprint_differences(manifest["fingerprint"], fingerprint)
     if diffs:
-        raise CheckpointError(f"checkpoint {folder} was written by an incompatible config; these fields must "
-                              f"match to resume: {'; '.join(diffs)}; use another run.name, or --resume none "
-                              "--overwrite to start this run over")
+        raise CheckpointError(
+            f"checkpoint {folder} was written by an incompatible config; these fields must "
+            f"match to resume: {'; '.join(diffs)}; use another run.name, or --resume none "
+            "--overwrite to start this run over"
+        )
 
 
 def load_part(folder: Path, stem: str) -> dict[str, Any]:

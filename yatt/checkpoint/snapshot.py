@@ -63,8 +63,10 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return [_encode(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    raise TypeError(f"checkpoint state at {path!r} has type {type(obj).__name__}, which is not saved "
-                    "(use tensors, numpy arrays, dicts, lists, tuples or scalars)")
+    raise TypeError(
+        f"checkpoint state at {path!r} has type {type(obj).__name__}, which is not saved "
+        "(use tensors, numpy arrays, dicts, lists, tuples or scalars)"
+    )
 
 
 def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:

@@ -27,14 +27,21 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from safetensors.torch import save_file
 
-from yatt.checkpoint.manifest import (CheckpointError, describe_files, fsync_dir, fsync_file, write_atomic,
-                                      write_manifest)
+from yatt.checkpoint.manifest import (
+    CheckpointError,
+    describe_files,
+    fsync_dir,
+    fsync_file,
+    write_atomic,
+    write_manifest,
+)
 from yatt.checkpoint.snapshot import Snapshot
 
 STEP_DIR = re.compile(r"^step-(\d{8})$")
@@ -51,9 +58,9 @@ class SaveJob:
     """What one rank writes for one save."""
 
     step: int
-    parts: dict[str, Snapshot]                       # file stem -> snapshot, e.g. {"rank1": ...}
+    parts: dict[str, Snapshot]  # file stem -> snapshot, e.g. {"rank1": ...}
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    export: Callable[[Path], None] | None = None     # writes an HF policy folder at the given path
+    export: Callable[[Path], None] | None = None  # writes an HF policy folder at the given path
 
 
 def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
@@ -65,9 +72,18 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 class CheckpointWriter:
     """Writes this rank's part of each save, in a background thread (or inline when not async)."""
 
-    def __init__(self, root: Path, rank: int, world_size: int, token: str, keep: int, async_write: bool = True,
-                 debug_write_delay_s: float = 0.0, commit_timeout_s: float = 1800.0,
-                 on_commit: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        root: Path,
+        rank: int,
+        world_size: int,
+        token: str,
+        keep: int,
+        async_write: bool = True,
+        debug_write_delay_s: float = 0.0,
+        commit_timeout_s: float = 1800.0,
+        on_commit: Callable[[], None] | None = None,
+    ):
         self.root, self.rank, self.world_size, self.token = Path(root), rank, world_size, token
         self.keep, self.async_write, self.on_commit = keep, async_write, on_commit
         self.delay_s, self.commit_timeout_s = debug_write_delay_s, commit_timeout_s
@@ -83,8 +99,7 @@ class CheckpointWriter:
         if not self.async_write:
             self._write(job)
             return
-        self._thread = threading.Thread(target=self._guarded, args=(job,), name=f"ckpt-writer-{job.step}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._guarded, args=(job,), name=f"ckpt-writer-{job.step}", daemon=True)
         self._thread.start()
 
     def wait(self) -> None:
@@ -142,8 +157,9 @@ class CheckpointWriter:
             marker = staging / f"rank{rank}.done.json"
             while not marker.is_file():
                 if time.monotonic() > deadline:
-                    raise CheckpointError(f"rank {rank} did not finish writing {staging.name} within "
-                                          f"{self.commit_timeout_s:.0f}s")
+                    raise CheckpointError(
+                        f"rank {rank} did not finish writing {staging.name} within {self.commit_timeout_s:.0f}s"
+                    )
                 time.sleep(0.02)
             files.update(json.loads(marker.read_text()))
         write_manifest(staging, job.step, self.world_size, job.fingerprint, files)
@@ -159,7 +175,7 @@ class CheckpointWriter:
             self.on_commit()
 
     def _prune(self) -> None:
-        for _, old in complete_checkpoints(self.root)[:-self.keep]:
+        for _, old in complete_checkpoints(self.root)[: -self.keep]:
             remove_dir(old)
         point_latest(self.root)
 

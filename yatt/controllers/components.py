@@ -42,16 +42,33 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
     per_step = cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches  # optimizer steps per RL step
     # the policy does not step during the critic's warm-up, so its lr schedule spans the steps after it
     policy_steps = cfg.run.steps - (cfg.critic.warmup_steps if cfg.uses_critic else 0)
-    trainer = backend(cfg.model.path, cfg.trainer, world, total_steps=policy_steps * per_step,
-                      freeze_vision=cfg.model.freeze_vision)
+    trainer = backend(
+        cfg.model.path, cfg.trainer, world, total_steps=policy_steps * per_step, freeze_vision=cfg.model.freeze_vision
+    )
     ref = backend(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
     critic = None
     if cfg.uses_critic:  # the trainer section's settings with the critic's own learning rate
-        value_model = backend(cfg.critic_path, cfg.trainer.model_copy(update={"lr": cfg.critic.lr}), world,
-                              total_steps=cfg.run.steps * per_step, head="value")
-        critic = Critic(cfg.critic, value_model, world, cfg.critic.loss_agg or cfg.algorithm.loss_agg,
-                        norm_length=cfg.rollout.max_new_tokens)
+        value_model = backend(
+            cfg.critic_path,
+            cfg.trainer.model_copy(update={"lr": cfg.critic.lr}),
+            world,
+            total_steps=cfg.run.steps * per_step,
+            head="value",
+        )
+        critic = Critic(
+            cfg.critic,
+            value_model,
+            world,
+            cfg.critic.loss_agg or cfg.algorithm.loss_agg,
+            norm_length=cfg.rollout.max_new_tokens,
+        )
     bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20  # the engines load the policy in buckets this big
     engines = EngineServices(cfg, world, run_dir, spawn, policy_weights=lambda: trainer.engine_weights(bucket_bytes))
-    return Components(tokenizer=AutoTokenizer.from_pretrained(str(cfg.model.path)), trainer=trainer, ref=ref,
-                      engines=engines, algorithm=Algorithm(cfg.algorithm), critic=critic)
+    return Components(
+        tokenizer=AutoTokenizer.from_pretrained(str(cfg.model.path)),
+        trainer=trainer,
+        ref=ref,
+        engines=engines,
+        algorithm=Algorithm(cfg.algorithm),
+        critic=critic,
+    )

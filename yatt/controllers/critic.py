@@ -19,9 +19,8 @@ from yatt.algorithms.value_loss import clipped_value_loss
 from yatt.controllers.minibatches import global_mini_batches
 from yatt.distributed import World
 from yatt.placement.metrics import summed
+from yatt.tensors import LossFn, TokenBatch
 from yatt.trainers.base import Trainer
-from yatt.tensors import LossFn
-from yatt.tensors import TokenBatch
 from yatt.trainers.critic_config import CriticConfig
 
 STATS = ("value_loss", "vf_clipfrac", "value_pred_mean")  # sums over the trained tokens, logged as means
@@ -51,13 +50,23 @@ class Critic:
         advantages were computed with), aggregated like the policy loss with global denominators."""
 
         def loss_fn(values: Tensor, _entropy: Tensor | None, mb: TokenBatch) -> tuple[Tensor, dict[str, float]]:
-            token_loss, stats = clipped_value_loss(values, mb.extras["values"], mb.extras["returns"], mb.mask,
-                                                   self.cfg.value_clip)
+            token_loss, stats = clipped_value_loss(
+                values, mb.extras["values"], mb.extras["returns"], mb.mask, self.cfg.value_clip
+            )
             tokens = float(mb.mask.sum())
-            sums = {"tokens": tokens, "value_loss": float(masked_sum(token_loss.detach(), mb.mask)),
-                    **{k: float(v) * tokens for k, v in stats.items()}}
-            loss = aggregate_loss(token_loss, mb.mask, self.loss_agg, num_tokens=num_tokens, num_seqs=num_seqs,
-                                  norm_length=self.norm_length)
+            sums = {
+                "tokens": tokens,
+                "value_loss": float(masked_sum(token_loss.detach(), mb.mask)),
+                **{k: float(v) * tokens for k, v in stats.items()},
+            }
+            loss = aggregate_loss(
+                token_loss,
+                mb.mask,
+                self.loss_agg,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                norm_length=self.norm_length,
+            )
             return loss, sums
 
         return loss_fn
@@ -79,11 +88,19 @@ class Critic:
         a step that trained only the critic."""
         mask, values, returns = batch.mask, batch.extras["values"], batch.extras["returns"]
         error = returns - values
-        s = summed(self.world, {
-            "trained_tokens": update["tokens"], **{k: update[k] for k in STATS}, "tokens": float(mask.sum()),
-            "values": float(masked_sum(values, mask)), "returns": float(masked_sum(returns, mask)),
-            "returns_sq": float(masked_sum(returns**2, mask)), "error": float(masked_sum(error, mask)),
-            "error_sq": float(masked_sum(error**2, mask))})
+        s = summed(
+            self.world,
+            {
+                "trained_tokens": update["tokens"],
+                **{k: update[k] for k in STATS},
+                "tokens": float(mask.sum()),
+                "values": float(masked_sum(values, mask)),
+                "returns": float(masked_sum(returns, mask)),
+                "returns_sq": float(masked_sum(returns**2, mask)),
+                "error": float(masked_sum(error, mask)),
+                "error_sq": float(masked_sum(error**2, mask)),
+            },
+        )
         n = max(s["tokens"], 1.0)
         var_returns = s["returns_sq"] / n - (s["returns"] / n) ** 2
         var_error = s["error_sq"] / n - (s["error"] / n) ** 2

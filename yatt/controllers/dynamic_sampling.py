@@ -11,7 +11,7 @@ ratio = clip(1 / keep_rate_ema, min, max). Its state is plain JSON-able data for
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from yatt.config import DynamicSamplingConfig
 from yatt.data.rollout import Rollout
@@ -74,8 +74,12 @@ class DynamicSampler:
         self.ratio = min(self.cfg.max_oversample, max(self.cfg.min_oversample, wanted))
 
     def state_dict(self) -> dict:
-        return {"ratio": self.ratio, "keep_rate": self.keep_rate, "short_steps": self.short_steps,
-                "queue": [[r.to_dict() for r in g] for g in self.queue]}
+        return {
+            "ratio": self.ratio,
+            "keep_rate": self.keep_rate,
+            "short_steps": self.short_steps,
+            "queue": [[r.to_dict() for r in g] for g in self.queue],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.ratio, self.keep_rate = float(state["ratio"]), state["keep_rate"]

@@ -23,17 +23,31 @@ def eval_metrics(s: dict[str, float]) -> dict[str, float]:
     return {"eval/accuracy": s["full"] / s["count"], "eval/score": s["score"] / s["count"], "eval/count": s["count"]}
 
 
-def evaluate_greedy(world: World, engines: EngineServices, placement: DeviceOwnership, rows: list[PromptRow],
-                    prompt_ids: list[list[int]], image_inputs: ImageInputs | None, greedy: SamplingSpec, tokenizer
-                    ) -> tuple[dict[str, float], list[Rollout]]:
+def evaluate_greedy(
+    world: World,
+    engines: EngineServices,
+    placement: DeviceOwnership,
+    rows: list[PromptRow],
+    prompt_ids: list[list[int]],
+    image_inputs: ImageInputs | None,
+    greedy: SamplingSpec,
+    tokenizer,
+) -> tuple[dict[str, float], list[Rollout]]:
     """The evaluation's metrics (the same on every rank) and this rank's scored rollouts (for samples.jsonl)."""
     start, rollouts = time.perf_counter(), []
     if rows:  # a rank may hold no held-out rows; it still joins the sums
         images = load_batch_images(rows, image_inputs, prompt_ids)  # read for this evaluation only
         with placement.own("rollout"):
-            rollouts = generate_rollouts(engines.pool(ROLLOUT, [world.rank]), rows, prompt_ids, greedy, tokenizer,
-                                         None, images)
+            rollouts = generate_rollouts(
+                engines.pool(ROLLOUT, [world.rank]), rows, prompt_ids, greedy, tokenizer, None, images
+            )
         score_rollouts(rollouts)
-    sums = summed(world, {"full": float(sum(r.reward >= 1.0 for r in rollouts)),
-                          "score": float(sum(r.reward for r in rollouts)), "count": float(len(rollouts))})
+    sums = summed(
+        world,
+        {
+            "full": float(sum(r.reward >= 1.0 for r in rollouts)),
+            "score": float(sum(r.reward for r in rollouts)),
+            "count": float(len(rollouts)),
+        },
+    )
     return {**eval_metrics(sums), "time/eval_s": time.perf_counter() - start}, rollouts

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -53,7 +53,7 @@ class GenerationStats:
     pools: dict[str, float] = field(default_factory=dict)  # re-routed / respawned / duplicate counts
 
     @classmethod
-    def merged(cls, rounds: list["GenerationStats"]) -> "GenerationStats":
+    def merged(cls, rounds: list[GenerationStats]) -> GenerationStats:
         """One step's stats from its generation rounds (several with dynamic sampling)."""
         out = cls()
         for r in rounds:
@@ -67,26 +67,48 @@ class GenerationStats:
         return out
 
 
-def generate_placed(engines: EngineServices, placement: DeviceOwnership, split: GenerationSplit | None, rank: int,
-                    judges: dict[str, Judge], **kwargs) -> tuple[list[Rollout], GenerationStats]:
+def generate_placed(
+    engines: EngineServices,
+    placement: DeviceOwnership,
+    split: GenerationSplit | None,
+    rank: int,
+    judges: dict[str, Judge],
+    **kwargs,
+) -> tuple[list[Rollout], GenerationStats]:
     """generate_and_judge (given `kwargs` but the engines) on the devices the placement gives each role. Full
     (no split): this device rolls out, then changes owner and judges. Partial: the split's rollout and GenRM
     devices at once, each group judged as soon as it is back."""
     if split is None:
         lanes = {name: JudgeLane(j, engines.pool(genrm_role(name), [rank])) for name, j in judges.items()}
         with placement.own("rollout"):
-            return generate_and_judge(rollout_pool=engines.pool(ROLLOUT, [rank]), lanes=lanes, stream=False,
-                                      before_judging=lambda: placement.acquire("genrm"), **kwargs)
+            return generate_and_judge(
+                rollout_pool=engines.pool(ROLLOUT, [rank]),
+                lanes=lanes,
+                stream=False,
+                before_judging=lambda: placement.acquire("genrm"),
+                **kwargs,
+            )
     lanes = {name: JudgeLane(j, engines.pool(genrm_role(name), split.genrm)) for name, j in judges.items()}
     with placement.own(split.role_of(rank)):
-        return generate_and_judge(rollout_pool=engines.pool(ROLLOUT, split.rollout), lanes=lanes, stream=True,
-                                  **kwargs)
+        return generate_and_judge(rollout_pool=engines.pool(ROLLOUT, split.rollout), lanes=lanes, stream=True, **kwargs)
 
 
-def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds: list[int], sampling: SamplingSpec,
-                       tokenizer, rollout_pool: EnginePool, lanes: dict[str, JudgeLane], *, step: int,
-                       run_seed: int, stream: bool, round_: int = 0, before_judging: Callable[[], None] | None = None,
-                       images: list[PromptImages | None] | None = None) -> tuple[list[Rollout], GenerationStats]:
+def generate_and_judge(
+    rows: list[PromptRow],
+    prompt_ids: list[list[int]],
+    seeds: list[int],
+    sampling: SamplingSpec,
+    tokenizer,
+    rollout_pool: EnginePool,
+    lanes: dict[str, JudgeLane],
+    *,
+    step: int,
+    run_seed: int,
+    stream: bool,
+    round_: int = 0,
+    before_judging: Callable[[], None] | None = None,
+    images: list[PromptImages | None] | None = None,
+) -> tuple[list[Rollout], GenerationStats]:
     """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in.
     `images`: the rows' loaded images (yatt.controllers.images); engines get the placeholder ids and the bytes,
     the rollouts the expanded ids and the pixels."""
@@ -94,15 +116,26 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
     images = images or [None] * len(rows)
-    rollout_pool.submit([Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)
-                         for g, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))])
+    rollout_pool.submit(
+        [
+            Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)
+            for g, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))
+        ]
+    )
 
     def judge_group(g: int) -> None:
         for name, lane in lanes.items():
-            lane.pool.submit([
-                Request(f"s{step}r{round_}/g{g}/{j}", lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
-                        judge_seed(run_seed, step, round_ * 1_000_000 + g, j, name), lane.judge.sampling)
-                for j, r in enumerate(groups[g])])
+            lane.pool.submit(
+                [
+                    Request(
+                        f"s{step}r{round_}/g{g}/{j}",
+                        lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
+                        judge_seed(run_seed, step, round_ * 1_000_000 + g, j, name),
+                        lane.judge.sampling,
+                    )
+                    for j, r in enumerate(groups[g])
+                ]
+            )
 
     def take_rollouts(key: str, completions) -> None:
         g = int(key.rsplit("/g", 1)[1])
@@ -119,6 +152,7 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
             groups[int(g[1:])][int(j)].judge_scores[name] = verdict.score
             stats.judged += 1
             stats.unparseable += verdict.unparseable
+
         return take
 
     if stream and lanes:  # both kinds of engines at once: poll each in turn until all is back
@@ -154,8 +188,9 @@ def generate_and_judge(rows: list[PromptRow], prompt_ids: list[list[int]], seeds
 def assign_rewards(rollouts: list[Rollout], mode: str, judge_weights: dict[str, float], rule_weight: float) -> None:
     """Rollout.reward from the rule score and the judges' scores (see yatt.genrm.mixing)."""
     rule = torch.tensor([r.rule_score for r in rollouts], dtype=torch.float64)
-    judges = {name: torch.tensor([r.judge_scores[name] for r in rollouts], dtype=torch.float64)
-              for name in judge_weights}
+    judges = {
+        name: torch.tensor([r.judge_scores[name] for r in rollouts], dtype=torch.float64) for name in judge_weights
+    }
     rewards = mix_rewards(mode, rule, judges, judge_weights, rule_weight)
     for r, value in zip(rollouts, rewards.tolist()):
         r.reward = float(value)

@@ -12,13 +12,14 @@ from __future__ import annotations
 import torch
 
 from yatt.data import images as image_files
-from yatt.data.rows import PromptRow
 from yatt.data.images import PromptImages
+from yatt.data.rows import PromptRow
 from yatt.models.vision import ImageInputs
 
 
-def load_batch_images(rows: list[PromptRow], inputs: ImageInputs | None, prompt_ids: list[list[int]]
-                      ) -> list[PromptImages | None]:
+def load_batch_images(
+    rows: list[PromptRow], inputs: ImageInputs | None, prompt_ids: list[list[int]]
+) -> list[PromptImages | None]:
     """Per row: its images loaded and encoded, or None for a text row."""
     out: list[PromptImages | None] = []
     for row, ids in zip(rows, prompt_ids, strict=True):
@@ -46,6 +47,8 @@ def stack_pixels(rollouts) -> dict[str, torch.Tensor]:
     layout = {k: tuple(v.shape[1:]) for k, v in first.items()}
     for r in rollouts:
         if {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} != layout:
-            raise ValueError(f"image prompts of one batch have different image layouts ({layout} vs "
-                             f"{ {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} }); not supported yet")
+            raise ValueError(
+                f"image prompts of one batch have different image layouts ({layout} vs "
+                f"{ {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} }); not supported yet"
+            )
     return {k: torch.cat([r.vision.pixels[k] for r in rollouts]) for k in first}

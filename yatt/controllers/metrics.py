@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 from torch import Tensor
@@ -43,9 +43,16 @@ class StageTimer:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
-def step_reductions(cfg: ExperimentConfig, stats: tuple[str, ...], rollouts: list[Rollout], batch: TokenBatch,
-                    entropy: Tensor, ref_lp: Tensor | None, update: dict[str, float], stage_seconds: dict[str, float]
-                    ) -> tuple[dict[str, float], dict[str, float]]:
+def step_reductions(
+    cfg: ExperimentConfig,
+    stats: tuple[str, ...],
+    rollouts: list[Rollout],
+    batch: TokenBatch,
+    entropy: Tensor,
+    ref_lp: Tensor | None,
+    update: dict[str, float],
+    stage_seconds: dict[str, float],
+) -> tuple[dict[str, float], dict[str, float]]:
     """This rank's part of the step's metrics: (values to sum over ranks, values to max over ranks), by name.
     `rollouts`: what this rank trained (after dynamic sampling and rebalancing); `stats`: the algorithm's loss
     statistics, which `update` holds as sums over the trained tokens."""
@@ -53,11 +60,15 @@ def step_reductions(cfg: ExperimentConfig, stats: tuple[str, ...], rollouts: lis
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
     groups = rewards.view(-1, cfg.rollout.group_size)
     lp_diff = (batch.extras["old_logprobs"] - batch.extras["rollout_logprobs"]).abs() * mask
-    kl_ref = float(masked_sum(kl_estimate(batch.extras["old_logprobs"], ref_lp, cfg.algorithm.kl_estimator),
-                              mask)) if ref_lp is not None else 0.0
+    kl_ref = (
+        float(masked_sum(kl_estimate(batch.extras["old_logprobs"], ref_lp, cfg.algorithm.kl_estimator), mask))
+        if ref_lp is not None
+        else 0.0
+    )
     lengths = mask.sum(dim=1)
-    workload = sum(sample_workload(len(r.prompt_ids), len(r.response_ids), cfg.balance.attention_coef)
-                   for r in rollouts)
+    workload = sum(
+        sample_workload(len(r.prompt_ids), len(r.response_ids), cfg.balance.attention_coef) for r in rollouts
+    )
     sums = {
         "reward": float(rewards.sum()),
         "correct": float((rewards >= 1.0).sum()),
@@ -83,8 +94,14 @@ def step_reductions(cfg: ExperimentConfig, stats: tuple[str, ...], rollouts: lis
     return sums, peaks
 
 
-def step_metrics(cfg: ExperimentConfig, stats: tuple[str, ...], world_size: int, s: dict[str, float],
-                 peaks: dict[str, float], update: dict[str, float]) -> dict[str, float]:
+def step_metrics(
+    cfg: ExperimentConfig,
+    stats: tuple[str, ...],
+    world_size: int,
+    s: dict[str, float],
+    peaks: dict[str, float],
+    update: dict[str, float],
+) -> dict[str, float]:
     """The step's metrics from step_reductions' dicts summed (`s`) and maxed (`peaks`) over ranks, and this
     rank's `update` (grad_norm, lr and skipped are the same on every rank)."""
     steps = max(update["optimizer_steps"], 1.0)
@@ -110,8 +127,14 @@ def step_metrics(cfg: ExperimentConfig, stats: tuple[str, ...], world_size: int,
     }
     if not cfg.balance.enabled:  # what a balance plan would report: max over mean rank workload, nothing moved
         imbalance = peaks["workload"] * world_size / s["workload"] if s["workload"] > 0 else 1.0
-        metrics.update({"balance/imbalance_before": imbalance, "balance/imbalance_after": imbalance,
-                        "balance/moved_samples": 0.0, "balance/moved_pixel_bytes": 0.0})
+        metrics.update(
+            {
+                "balance/imbalance_before": imbalance,
+                "balance/imbalance_after": imbalance,
+                "balance/moved_samples": 0.0,
+                "balance/moved_pixel_bytes": 0.0,
+            }
+        )
     metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
     if cfg.algorithm.dynamic_sampling.enabled:
         metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
@@ -148,17 +171,23 @@ class MetricsLogger:
         if "reward/mean" in m:
             parts.append(f"reward {m['reward/mean']:.3f}")
         if "eval/accuracy" in m:
-            parts.append(f"eval acc {m['eval/accuracy']:.3f}" + (f" score {m['eval/score']:.3f}"
-                                                                 if "eval/score" in m else ""))
+            parts.append(
+                f"eval acc {m['eval/accuracy']:.3f}" + (f" score {m['eval/score']:.3f}" if "eval/score" in m else "")
+            )
         if "response/length_mean" in m:
             parts.append(f"len {m['response/length_mean']:.1f}")
-            parts.append(f"ent {m['actor/entropy']:.3f} clip {m['actor/clip_frac']:.3f} "
-                         f"gnorm {m['actor/grad_norm']:.2f}")
+            parts.append(
+                f"ent {m['actor/entropy']:.3f} clip {m['actor/clip_frac']:.3f} gnorm {m['actor/grad_norm']:.2f}"
+            )
             if "critic/value_loss" in m:  # PPO with a critic (w: a warm-up step, the policy did not train)
-                parts.append(f"vloss {m['critic/value_loss']:.4f} ev {m['critic/explained_var']:.2f}"
-                             + (" w" if m.get("critic/warmup") else ""))
-            parts.append(f"gen {m['time/generate_s']:.2f}s upd {m['time/update_s']:.2f}s "
-                         f"sync {m['time/sync_s']:.2f}s {m['perf/gen_tokens_per_s']:.0f} tok/s")
+                parts.append(
+                    f"vloss {m['critic/value_loss']:.4f} ev {m['critic/explained_var']:.2f}"
+                    + (" w" if m.get("critic/warmup") else "")
+                )
+            parts.append(
+                f"gen {m['time/generate_s']:.2f}s upd {m['time/update_s']:.2f}s "
+                f"sync {m['time/sync_s']:.2f}s {m['perf/gen_tokens_per_s']:.0f} tok/s"
+            )
         eta = elapsed / step * (self.total_steps - step) if step else math.nan
         parts.append(f"{_duration(elapsed)} elapsed" + (f", eta {_duration(eta)}" if step else ""))
         return " | ".join(parts)

@@ -12,8 +12,9 @@ from yatt.distributed import World
 from yatt.tensors import TokenBatch
 
 
-def mini_batches(count: int, group_size: int, epochs: int, per_epoch: int, *, run_seed: int, step: int, rank: int
-                 ) -> list[list[Tensor]]:
+def mini_batches(
+    count: int, group_size: int, epochs: int, per_epoch: int, *, run_seed: int, step: int, rank: int
+) -> list[list[Tensor]]:
     """Rows of each optimizer step, per epoch: `epochs` x `per_epoch` chunks of whole groups of `count` rows, in
     an order seeded by (run, step, rank); exactly `per_epoch` chunks (some maybe empty) on every rank, as ranks
     hold different group counts."""
@@ -21,13 +22,18 @@ def mini_batches(count: int, group_size: int, epochs: int, per_epoch: int, *, ru
     out = []
     for _ in range(epochs):
         order = torch.randperm(count // group_size, generator=generator)
-        out.append([(chunk[:, None] * group_size + torch.arange(group_size)).flatten()
-                    for chunk in torch.tensor_split(order, per_epoch)])
+        out.append(
+            [
+                (chunk[:, None] * group_size + torch.arange(group_size)).flatten()
+                for chunk in torch.tensor_split(order, per_epoch)
+            ]
+        )
     return out
 
 
-def global_mini_batches(world: World, batch: TokenBatch, epochs: list[list[Tensor]]
-                        ) -> Iterator[tuple[int, TokenBatch, float, float]]:
+def global_mini_batches(
+    world: World, batch: TokenBatch, epochs: list[list[Tensor]]
+) -> Iterator[tuple[int, TokenBatch, float, float]]:
     """(epoch, mini-batch, its tokens / world size, its sequences / world size) for the rows of each epoch's
     mini-batches. The counts are summed over ranks: a loss divided by them, summed over micro-batches and
     averaged over ranks by data parallelism, is exactly the loss of the whole global mini-batch. A mini-batch

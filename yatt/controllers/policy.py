@@ -29,8 +29,14 @@ def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float) -> Tok
     return batch
 
 
-def old_logprobs(trainer: Trainer, algorithm: Algorithm, batch: TokenBatch, first_epoch: list[Tensor],
-                 has_ref: bool, policy_trains: bool = True) -> tuple[Tensor, Tensor]:
+def old_logprobs(
+    trainer: Trainer,
+    algorithm: Algorithm,
+    batch: TokenBatch,
+    first_epoch: list[Tensor],
+    has_ref: bool,
+    policy_trains: bool = True,
+) -> tuple[Tensor, Tensor]:
     """The old policy's log-probs and entropies before the update (algorithm.old_logprobs).
 
     reuse: the first mini-batch's rows are flagged on_policy and skipped here; the update's first
@@ -56,8 +62,16 @@ def old_logprobs(trainer: Trainer, algorithm: Algorithm, batch: TokenBatch, firs
     return old_lp, entropy
 
 
-def advantage_input(rollouts: list[Rollout], batch: TokenBatch, old_lp: Tensor, ref_lp: Tensor | None,
-                    values: Tensor | None, algorithm: Algorithm, group_size: int, world: World) -> AdvantageInput:
+def advantage_input(
+    rollouts: list[Rollout],
+    batch: TokenBatch,
+    old_lp: Tensor,
+    ref_lp: Tensor | None,
+    values: Tensor | None,
+    algorithm: Algorithm,
+    group_size: int,
+    world: World,
+) -> AdvantageInput:
     """The estimator's input: the rewards (less the KL penalty with kl_mode=reward, which also hands the
     estimator the per-token KL), the ReMax baselines, and the critic's values."""
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
@@ -83,8 +97,15 @@ def _recording(loss_fn: LossFn, old_logprobs: Tensor, entropy: Tensor) -> LossFn
     return fn
 
 
-def policy_update(trainer: Trainer, algorithm: Algorithm, world: World, batch: TokenBatch, epochs: list[list[Tensor]],
-                  entropy: Tensor, norm_length: int) -> dict[str, float]:
+def policy_update(
+    trainer: Trainer,
+    algorithm: Algorithm,
+    world: World,
+    batch: TokenBatch,
+    epochs: list[list[Tensor]],
+    entropy: Tensor,
+    norm_length: int,
+) -> dict[str, float]:
     """ppo_epochs passes, each split into mini_batches optimizer steps; groups stay together. Returns sums of
     the loss stats over the steps (and tokens, grad_norm, lr, skipped, optimizer_steps).
 

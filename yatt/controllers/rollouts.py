@@ -27,9 +27,15 @@ def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> in
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
-def generate_rollouts(pool: EnginePool, rows: list[PromptRow], prompt_ids: list[list[int]], sampling: SamplingSpec,
-                      tokenizer, seeds: list[int] | None, images: list[PromptImages | None] | None = None
-                      ) -> list[Rollout]:
+def generate_rollouts(
+    pool: EnginePool,
+    rows: list[PromptRow],
+    prompt_ids: list[list[int]],
+    sampling: SamplingSpec,
+    tokenizer,
+    seeds: list[int] | None,
+    images: list[PromptImages | None] | None = None,
+) -> list[Rollout]:
     """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)). `images`: the
     rows' loaded images (yatt.controllers.images), None for text rows.
 
@@ -37,20 +43,37 @@ def generate_rollouts(pool: EnginePool, rows: list[PromptRow], prompt_ids: list[
     its unanswered prompts are sent again, with the same seeds: the result is what a live engine gives."""
     seeds = seeds if seeds is not None else [None] * len(prompt_ids)
     images = images or [None] * len(rows)
-    pool.submit([Request(f"p{i}", ids, seed, sampling, im.images if im else None)
-                 for i, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))])
+    pool.submit(
+        [
+            Request(f"p{i}", ids, seed, sampling, im.images if im else None)
+            for i, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))
+        ]
+    )
     done = pool.drain()
-    return [r for i, (row, ids, im) in enumerate(zip(rows, prompt_ids, images))
-            for r in group_rollouts(row, ids, im, done[f"p{i}"], tokenizer)]
+    return [
+        r
+        for i, (row, ids, im) in enumerate(zip(rows, prompt_ids, images))
+        for r in group_rollouts(row, ids, im, done[f"p{i}"], tokenizer)
+    ]
 
 
-def group_rollouts(row: PromptRow, prompt_ids: list[int], image: PromptImages | None, completions: list[Completion],
-                   tokenizer) -> list[Rollout]:
+def group_rollouts(
+    row: PromptRow, prompt_ids: list[int], image: PromptImages | None, completions: list[Completion], tokenizer
+) -> list[Rollout]:
     """One prompt's rollouts from its engine completions: an image prompt's samples carry the expanded ids and
     share its one PromptImages (the images are not copied per sample)."""
-    return [Rollout(row, image.prompt_ids if image else prompt_ids, list(c.token_ids), list(c.logprobs),
-                    c.finish_reason, text=tokenizer.decode(c.token_ids, skip_special_tokens=True), vision=image)
-            for c in completions]
+    return [
+        Rollout(
+            row,
+            image.prompt_ids if image else prompt_ids,
+            list(c.token_ids),
+            list(c.logprobs),
+            c.finish_reason,
+            text=tokenizer.decode(c.token_ids, skip_special_tokens=True),
+            vision=image,
+        )
+        for c in completions
+    ]
 
 
 def score_rollouts(rollouts: list[Rollout]) -> None:
@@ -59,8 +82,16 @@ def score_rollouts(rollouts: list[Rollout]) -> None:
         r.reward = score(r.text, r.row)
 
 
-def set_greedy_baselines(rollouts: list[Rollout], pool: EnginePool, rows: list[PromptRow], prompt_ids: list[list[int]],
-                         images: list[PromptImages | None], greedy: SamplingSpec, tokenizer, group_size: int) -> None:
+def set_greedy_baselines(
+    rollouts: list[Rollout],
+    pool: EnginePool,
+    rows: list[PromptRow],
+    prompt_ids: list[list[int]],
+    images: list[PromptImages | None],
+    greedy: SamplingSpec,
+    tokenizer,
+    group_size: int,
+) -> None:
     """ReMax, in place: one greedy response per prompt, generated right after its group and scored by the rule
     verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""
     responses = generate_rollouts(pool, rows, prompt_ids, greedy, tokenizer, None, images)
@@ -70,8 +101,9 @@ def set_greedy_baselines(rollouts: list[Rollout], pool: EnginePool, rows: list[P
             r.baseline = g.reward
 
 
-def rebalance_groups(world: World, rollouts: list[Rollout], cfg: BalanceConfig, group_size: int
-                     ) -> tuple[list[Rollout], Plan | None]:
+def rebalance_groups(
+    world: World, rollouts: list[Rollout], cfg: BalanceConfig, group_size: int
+) -> tuple[list[Rollout], Plan | None]:
     """What this rank trains: its own and moved rollouts, whole groups (or samples, balance.keep_groups=false)
     moved between ranks so each trains about the same work (yatt.balance). Off: no exchange and no plan (the
     step's metrics report the imbalance)."""

@@ -28,8 +28,8 @@ from yatt.config_loading import dump_config
 from yatt.controllers.components import build_components
 from yatt.controllers.metrics import MetricsLogger, keep_metrics_until
 from yatt.controllers.samples import SamplesWriter, keep_samples_until
-from yatt.controllers.sinks import open_sinks
 from yatt.controllers.shard import ControllerShard
+from yatt.controllers.sinks import open_sinks
 from yatt.data.prepare import load_rank_data
 from yatt.distributed import World, data_parallel_world
 
@@ -50,14 +50,18 @@ def _finished_summary(run_dir, start_step: int, steps: int, world: World) -> dic
     path = run_dir / "summary.json"
     if world.is_main and start_step >= steps and path.is_file():
         summary = json.loads(path.read_text())
-        print(f"run {run_dir} already finished at step {start_step}: accuracy {summary.get('start_accuracy')} -> "
-              f"{summary.get('end_accuracy')}; raise run.steps to continue it, or --resume none --overwrite to start "
-              "it over", flush=True)
+        print(
+            f"run {run_dir} already finished at step {start_step}: accuracy {summary.get('start_accuracy')} -> "
+            f"{summary.get('end_accuracy')}; raise run.steps to continue it, or --resume none --overwrite to start "
+            "it over",
+            flush=True,
+        )
     return world.broadcast_object(summary)
 
 
-def _open_run_dir(cfg: ExperimentConfig, world: World, checkpoints: Checkpointer,
-                  found: tuple[Path, int] | None) -> list[dict]:
+def _open_run_dir(
+    cfg: ExperimentConfig, world: World, checkpoints: Checkpointer, found: tuple[Path, int] | None
+) -> list[dict]:
     """Rank 0 readies the run directory for this launch (every input is checked by now); the logged history up to
     the resume step (empty when starting over). Every rank returns once the directory is ready."""
     history: list[dict] = []
@@ -74,8 +78,11 @@ def _open_run_dir(cfg: ExperimentConfig, world: World, checkpoints: Checkpointer
         else:
             aside = set_aside(run_dir, move=RECORD)
         if cut or aside:
-            print(f"replacing an earlier run's files: kept in {' and '.join(str(a) for a in (cut, aside) if a)} "
-                  "until this run's first checkpoint commits (or, saving none, it ends)", flush=True)
+            print(
+                f"replacing an earlier run's files: kept in {' and '.join(str(a) for a in (cut, aside) if a)} "
+                "until this run's first checkpoint commits (or, saving none, it ends)",
+                flush=True,
+            )
         dump_config(cfg, run_dir / "config.yaml")
     world.barrier()
     return history
@@ -111,7 +118,9 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
 
     def evaluate(step: int) -> dict:
         if world.is_main and cfg.data.eval is not None:
-            print(f"eval at step {step}: greedy responses to up to {cfg.data.eval_prompts} held-out prompts", flush=True)
+            print(
+                f"eval at step {step}: greedy responses to up to {cfg.data.eval_prompts} held-out prompts", flush=True
+            )
         result = shard.evaluate()
         samples.write(step, shard.last_eval, shard.last_rollouts)
         return result
@@ -141,14 +150,18 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
             if signum:
                 folder = checkpoints.finish()
                 if world.is_main:
-                    print(f"received {signal.Signals(signum).name} at step {step}: checkpoint written to "
-                          f"{folder}; resume with --resume auto", flush=True)
+                    print(
+                        f"received {signal.Signals(signum).name} at step {step}: checkpoint written to "
+                        f"{folder}; resume with --resume auto",
+                        flush=True,
+                    )
                 return {"preempted_at_step": step, "checkpoint": str(folder)}
         checkpoints.finish()
         train_seconds = time.perf_counter() - train_start
         # ranks may train different counts (dynamic sampling, rebalancing)
-        samples, since_start = data_world.sum([float(shard.samples_trained),
-                                               float(shard.samples_trained - samples_before)])
+        samples, since_start = data_world.sum(
+            [float(shard.samples_trained), float(shard.samples_trained - samples_before)]
+        )
         summary = {
             "steps": cfg.run.steps,
             "world_size": world.size,
@@ -172,8 +185,11 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
         if world.is_main:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             checkpoints.committed()  # a run that saved no checkpoint commits here
-            print(f"done: accuracy {summary['start_accuracy']} -> {summary['end_accuracy']} in "
-                  f"{summary['wall_seconds']:.0f}s; run dir {run_dir}", flush=True)
+            print(
+                f"done: accuracy {summary['start_accuracy']} -> {summary['end_accuracy']} in "
+                f"{summary['wall_seconds']:.0f}s; run dir {run_dir}",
+                flush=True,
+            )
         return summary
     finally:
         preemption.restore()

@@ -19,23 +19,48 @@ def _prompt(row: PromptRow) -> dict:
 
 
 def _response(r: Rollout) -> dict:
-    return {"text": r.text, "reward": r.reward, "rule_score": r.rule_score, "judge_scores": r.judge_scores,
-            "finish_reason": r.finish_reason, "tokens": len(r.response_ids)}
+    return {
+        "text": r.text,
+        "reward": r.reward,
+        "rule_score": r.rule_score,
+        "judge_scores": r.judge_scores,
+        "finish_reason": r.finish_reason,
+        "tokens": len(r.response_ids),
+    }
 
 
 def sample_records(step: int, eval_rollouts: list[Rollout], train_rollouts: list[Rollout], count: int) -> list[dict]:
     out = []
     for r in eval_rollouts[:count]:
-        out.append({"step": step, "split": "eval", "index": r.row.index, **_prompt(r.row), "answer": r.row.answer,
-                    "data_source": r.row.data_source, "response": r.text, "score": r.reward})
+        out.append(
+            {
+                "step": step,
+                "split": "eval",
+                "index": r.row.index,
+                **_prompt(r.row),
+                "answer": r.row.answer,
+                "data_source": r.row.data_source,
+                "response": r.text,
+                "score": r.reward,
+            }
+        )
     groups: dict[int, list[Rollout]] = {}
     for r in train_rollouts:
         if r.row is not None and (r.row.index in groups or len(groups) < count):
             groups.setdefault(r.row.index, []).append(r)
     for index, group in groups.items():
         row = group[0].row
-        out.append({"step": step, "split": "train", "index": index, **_prompt(row), "answer": row.answer,
-                    "data_source": row.data_source, "responses": [_response(r) for r in group]})
+        out.append(
+            {
+                "step": step,
+                "split": "train",
+                "index": index,
+                **_prompt(row),
+                "answer": row.answer,
+                "data_source": row.data_source,
+                "responses": [_response(r) for r in group],
+            }
+        )
     return out
 
 

@@ -44,8 +44,14 @@ from yatt.placement.plan import GenerationSchedule
 class ControllerShard:
     """Takes its trainer, engines and algorithm from `build_components`; owns the data and the step."""
 
-    def __init__(self, cfg: ExperimentConfig, world: World, parts: Components, data: RankData | None = None,
-                 data_world: World | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        world: World,
+        parts: Components,
+        data: RankData | None = None,
+        data_world: World | None = None,
+    ):
         """`data`: this rank's checked data (yatt.data.prepare, read before the engines start); None reads it.
         `data_world`: the data-parallel view of `world` (yatt.distributed.data_parallel_world) when the
         trainer splits the model over ranks: data, seeds, denominators and metric sums go by data-parallel
@@ -56,8 +62,9 @@ class ControllerShard:
         self.engines, self.algorithm, self.critic = parts.engines, parts.algorithm, parts.critic
         self.prompts_per_rank = cfg.data.prompts_per_step // self.world.size
         data = data or load_rank_data(cfg, self.world, self.tokenizer)
-        self.train_stream = PromptStream(data.train, seed=cfg.run.seed * 1009 + self.world.rank,
-                                         shuffle=cfg.data.shuffle)
+        self.train_stream = PromptStream(
+            data.train, seed=cfg.run.seed * 1009 + self.world.rank, shuffle=cfg.data.shuffle
+        )
         self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids
         # a VL policy's processor: a step reads and encodes its image rows when it starts (yatt.controllers.images)
         self.image_inputs = ImageInputs(cfg.model.path) if is_vision_model(cfg.model.path) else None
@@ -68,15 +75,28 @@ class ControllerShard:
         self.last_eval, self.last_rollouts = [], []
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
         self.schedule = GenerationSchedule(cfg.placement, self.devices.size)
-        self.placement = DeviceOwnership({**self.engines.device_roles(), "train": HookRole(
-            lambda: [t.offload() for t in self._trainers()], lambda: [t.onload() for t in self._trainers()])},
-            initial_owner="rollout")
+        self.placement = DeviceOwnership(
+            {
+                **self.engines.device_roles(),
+                "train": HookRole(
+                    lambda: [t.offload() for t in self._trainers()], lambda: [t.onload() for t in self._trainers()]
+                ),
+            },
+            initial_owner="rollout",
+        )
         dynamic, r, eos = cfg.algorithm.dynamic_sampling, cfg.rollout, self.tokenizer.eos_token_id
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
-        self.sampling = SamplingSpec(n=r.group_size, temperature=r.temperature, top_p=r.top_p,
-                                     max_tokens=r.max_new_tokens, stop_token_ids=[eos], logprobs=True)
-        self.greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=r.max_new_tokens, stop_token_ids=[eos],
-                                   logprobs=False)
+        self.sampling = SamplingSpec(
+            n=r.group_size,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            max_tokens=r.max_new_tokens,
+            stop_token_ids=[eos],
+            logprobs=True,
+        )
+        self.greedy = SamplingSpec(
+            n=1, temperature=0.0, max_tokens=r.max_new_tokens, stop_token_ids=[eos], logprobs=False
+        )
         self.samples_trained = self.last_step = 0
 
     def _trainers(self):
@@ -108,8 +128,10 @@ class ControllerShard:
         if self.sampler is None:
             rollouts, sampling_metrics = generate(self.prompts_per_rank, 0), {}
         else:  # rounds until prompts_per_rank groups with reward variance (or max_rounds)
-            groups, counts = self.sampler.collect(self.prompts_per_rank, lambda count, round_: in_groups(
-                generate(count, round_), self.cfg.rollout.group_size))
+            groups, counts = self.sampler.collect(
+                self.prompts_per_rank,
+                lambda count, round_: in_groups(generate(count, round_), self.cfg.rollout.group_size),
+            )
             rollouts, sampling_metrics = [r for group in groups for r in group], reduce_metrics(self.world, counts)
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
@@ -124,8 +146,15 @@ class ControllerShard:
             trained, plan = rebalance_groups(self.world, rollouts, cfg.balance, cfg.rollout.group_size)
         with self.placement.own("train"):
             batch = token_batch(trained, self.tokenizer.pad_token_id, cfg.rollout.temperature)
-            minis = mini_batches(len(batch), cfg.rollout.group_size, cfg.algorithm.ppo_epochs,
-                                 cfg.algorithm.mini_batches, run_seed=cfg.run.seed, step=step, rank=self.world.rank)
+            minis = mini_batches(
+                len(batch),
+                cfg.rollout.group_size,
+                cfg.algorithm.ppo_epochs,
+                cfg.algorithm.mini_batches,
+                run_seed=cfg.run.seed,
+                step=step,
+                rank=self.world.rank,
+            )
             policy_trains = self.critic is None or not self.critic.warming_up(step)  # critic.warmup_steps
             with timer("logprobs"):
                 old_lp, entropy = old_logprobs(self.trainer, algo, batch, minis[0], self.ref is not None, policy_trains)
@@ -141,15 +170,23 @@ class ControllerShard:
                 batch.extras.update(values=values, returns=self.critic.targets(inp, returns))
             with timer("update"):
                 critic_update = self.critic.update(batch, minis) if self.critic else None
-                update = policy_update(self.trainer, algo, self.world, batch, minis if policy_trains else [], entropy,
-                                       norm_length=cfg.rollout.max_new_tokens)
+                update = policy_update(
+                    self.trainer,
+                    algo,
+                    self.world,
+                    batch,
+                    minis if policy_trains else [],
+                    entropy,
+                    norm_length=cfg.rollout.max_new_tokens,
+                )
         if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
             with timer("sync"), self.placement.own("rollout"):
                 self.engines.push_policy()
         self.samples_trained += len(trained)
         sums, peaks = step_reductions(cfg, algo.stats, trained, batch, entropy, ref_lp, update, timer.seconds)
-        metrics = step_metrics(cfg, algo.stats, self.world.size, summed(self.world, sums), maxed(self.world, peaks),
-                               update)
+        metrics = step_metrics(
+            cfg, algo.stats, self.world.size, summed(self.world, sums), maxed(self.world, peaks), update
+        )
         if self.critic is not None:
             metrics.update(self.critic.metrics(batch, critic_update, warming_up=not policy_trains))
         # after the update: with old_logprobs=reuse its first forwards filled in the on-policy rows' log-probs
@@ -158,8 +195,9 @@ class ControllerShard:
         algo.kl_control.update(metrics["actor/kl_ref"], metrics["rollout/samples"])
         return metrics, plan.metrics() if plan else {}
 
-    def _generate_round(self, step: int, count: int, round_: int, timer: StageTimer
-                        ) -> tuple[list[Rollout], GenerationStats]:
+    def _generate_round(
+        self, step: int, count: int, round_: int, timer: StageTimer
+    ) -> tuple[list[Rollout], GenerationStats]:
         """`count` prompts' groups, generated, judged and rewarded, on the devices the placement gives each
         role: one round (dynamic sampling may run several)."""
         cfg = self.cfg
@@ -169,27 +207,66 @@ class ControllerShard:
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
             images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
             rollouts, stats = generate_placed(
-                self.engines, self.placement, self.schedule.split, self.devices.rank, self.judges, rows=rows,
-                prompt_ids=prompt_ids, seeds=seeds, sampling=self.sampling, tokenizer=self.tokenizer, step=step,
-                round_=round_, run_seed=cfg.run.seed, images=images)
+                self.engines,
+                self.placement,
+                self.schedule.split,
+                self.devices.rank,
+                self.judges,
+                rows=rows,
+                prompt_ids=prompt_ids,
+                seeds=seeds,
+                sampling=self.sampling,
+                tokenizer=self.tokenizer,
+                step=step,
+                round_=round_,
+                run_seed=cfg.run.seed,
+                images=images,
+            )
             if self.algorithm.estimator.needs_greedy_baseline:
                 with self.placement.own("rollout"):
-                    set_greedy_baselines(rollouts, self.engines.pool(ROLLOUT, [self.world.rank]), rows, prompt_ids,
-                                         images, self.greedy, self.tokenizer, cfg.rollout.group_size)
+                    set_greedy_baselines(
+                        rollouts,
+                        self.engines.pool(ROLLOUT, [self.world.rank]),
+                        rows,
+                        prompt_ids,
+                        images,
+                        self.greedy,
+                        self.tokenizer,
+                        cfg.rollout.group_size,
+                    )
         with timer("reward"):
-            assign_rewards(rollouts, cfg.reward.kind, {j.name: j.weight for j in cfg.reward.judges},
-                           cfg.reward.rule_weight)
+            assign_rewards(
+                rollouts, cfg.reward.kind, {j.name: j.weight for j in cfg.reward.judges}, cfg.reward.rule_weight
+            )
         return rollouts, stats
 
-    def _placement_metrics(self, rollouts: list[Rollout], gen: GenerationStats, timer: StageTimer,
-                           busy_before: dict[str, float], restarted: int) -> dict[str, float]:
+    def _placement_metrics(
+        self,
+        rollouts: list[Rollout],
+        gen: GenerationStats,
+        timer: StageTimer,
+        busy_before: dict[str, float],
+        restarted: int,
+    ) -> dict[str, float]:
         """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics);
         looks restarted engines up again, and picks the next step's split."""
-        busy = {**engine_busy(busy_before, self.engines.busy_seconds()),
-                "train": timer.seconds["logprobs"] + timer.seconds["update"]}
-        out = step_placement_metrics(self.world, busy, self.placement.take_metrics(), self.engines.take_restarts(),
-                                     restarted, gen, self.schedule.split, self.devices.size,
-                                     sum(timer.seconds.values()), self.judges, rollouts)
+        busy = {
+            **engine_busy(busy_before, self.engines.busy_seconds()),
+            "train": timer.seconds["logprobs"] + timer.seconds["update"],
+        }
+        out = step_placement_metrics(
+            self.world,
+            busy,
+            self.placement.take_metrics(),
+            self.engines.take_restarts(),
+            restarted,
+            gen,
+            self.schedule.split,
+            self.devices.size,
+            sum(timer.seconds.values()),
+            self.judges,
+            rollouts,
+        )
         if out["placement/engine_restarts"]:
             self.engines.forget_endpoints()
         # every rank saw the same sums, so all choose the same split for the next step
@@ -208,13 +285,20 @@ class ControllerShard:
         """The parts with their own state, by checkpoint key; a new stateful component adds its key here. The
         reference model is not one: it is frozen at model.path."""
         optional = {"sampler": self.sampler, "critic": self.critic}
-        return {"trainer": self.trainer, "train_stream": self.train_stream, "kl_control": self.algorithm.kl_control,
-                **{key: part for key, part in optional.items() if part is not None}}
+        return {
+            "trainer": self.trainer,
+            "train_stream": self.train_stream,
+            "kl_control": self.algorithm.kl_control,
+            **{key: part for key, part in optional.items() if part is not None},
+        }
 
     def state_dict(self) -> dict[str, dict]:
         """Everything resuming needs, as named component states (live references; yatt.checkpoint copies them)."""
-        return {**{key: part.state_dict() for key, part in self._stateful().items()}, "rng": rng_state(),
-                "progress": {"step": self.last_step, "samples_trained": self.samples_trained}}
+        return {
+            **{key: part.state_dict() for key, part in self._stateful().items()},
+            "rng": rng_state(),
+            "progress": {"step": self.last_step, "samples_trained": self.samples_trained},
+        }
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
         """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
@@ -231,8 +315,16 @@ class ControllerShard:
         """Greedy decoding of the held-out split (yatt.controllers.evaluation); {} without one."""
         if self.cfg.data.eval is None:
             return {}
-        metrics, self.last_eval = evaluate_greedy(self.world, self.engines, self.placement, self.eval_rows,
-                                                  self.eval_prompt_ids, self.image_inputs, self.greedy, self.tokenizer)
+        metrics, self.last_eval = evaluate_greedy(
+            self.world,
+            self.engines,
+            self.placement,
+            self.eval_rows,
+            self.eval_prompt_ids,
+            self.image_inputs,
+            self.greedy,
+            self.tokenizer,
+        )
         return metrics
 
     def export_policy(self, folder: Path) -> None:
@@ -241,8 +333,9 @@ class ControllerShard:
     def export_checkpoint(self, folder: Path, snap: Snapshot) -> None:
         """The policy as a Hugging Face folder, from a checkpoint's host copy of the replicated state
         (checkpoint.export_hf; runs in the background writer)."""
-        export_snapshot(folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config,
-                        self.saved_with_weights)
+        export_snapshot(
+            folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config, self.saved_with_weights
+        )
 
     def close(self) -> None:
         self.engines.close()

@@ -38,8 +38,15 @@ class WandbSink:
         import wandb
 
         w = run.wandb
-        self.run = wandb.init(project=w.project, entity=w.entity, name=w.name or run.name, mode=w.mode,
-                              dir=str(run.run_dir), config=config, resume="allow")
+        self.run = wandb.init(
+            project=w.project,
+            entity=w.entity,
+            name=w.name or run.name,
+            mode=w.mode,
+            dir=str(run.run_dir),
+            config=config,
+            resume="allow",
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         self.run.log(dict(metrics), step=step)
@@ -59,8 +66,10 @@ def open_sinks(run: RunConfig, config: dict) -> list:
     sinks = []
     if run.tensorboard or (run.tensorboard is None and _installed("tensorboard")):
         if not _installed("tensorboard"):
-            raise WatchError("run.tensorboard=true needs the tensorboard package: pip install 'yatt[watch]' "
-                             "(or set run.tensorboard=false)")
+            raise WatchError(
+                "run.tensorboard=true needs the tensorboard package: pip install 'yatt[watch]' "
+                "(or set run.tensorboard=false)"
+            )
         sinks.append(TensorBoardSink(run.run_dir / "tensorboard"))
     if run.wandb.enabled:
         if not _installed("wandb"):

@@ -13,7 +13,7 @@ engine process too, found where the parent found it (`yatt.engines.client.engine
 from yatt.backends import Backend
 from yatt.registry import Registry
 
-ENGINES: Registry = Registry("rollout.engine.backend", {
-    "vllm": "yatt.engines.vllm_config:VLLM",
-    "hf": Backend("yatt.engines.hf_engine:HFEngine"),
-})
+ENGINES: Registry = Registry(
+    "rollout.engine.backend",
+    {"vllm": "yatt.engines.vllm_config:VLLM", "hf": Backend("yatt.engines.hf_engine:HFEngine")},
+)

@@ -59,8 +59,14 @@ class RolloutEngine(Protocol):
     as ``Backend(model_path, cfg: EngineConfig, seed)``.
     """
 
-    def add_requests(self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec,
-                     seeds: list[int] | None, images: list[list[bytes] | None] | None = None) -> None:
+    def add_requests(
+        self,
+        request_ids: list[str],
+        prompts: list[list[int]],
+        sampling: SamplingSpec,
+        seeds: list[int] | None,
+        images: list[list[bytes] | None] | None = None,
+    ) -> None:
         """Queue one request per prompt (``sampling.n`` samples each). With a seed, sample j of a request
         uses ``seed + j``, so the same seed gives the same samples; space per-prompt seeds >= n apart.
         ``images`` (vision-language models): per prompt, the encoded bytes of its images, one per image
@@ -102,9 +108,13 @@ class RolloutEngine(Protocol):
         ...
 
 
-def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: SamplingSpec,
-             seeds: list[int] | None = None, images: list[list[bytes] | None] | None = None
-             ) -> list[list[Completion]]:
+def generate(
+    engine: RolloutEngine,
+    prompts: list[list[int]],
+    sampling: SamplingSpec,
+    seeds: list[int] | None = None,
+    images: list[list[bytes] | None] | None = None,
+) -> list[list[Completion]]:
     """Drive an in-process engine until every prompt's group is back (tests, benchmarks, tools)."""
     ids = [f"g{i}" for i in range(len(prompts))]
     engine.add_requests(ids, prompts, sampling, seeds, **({"images": images} if images is not None else {}))
@@ -112,4 +122,3 @@ def generate(engine: RolloutEngine, prompts: list[list[int]], sampling: Sampling
     while len(done) < len(ids):
         done.update(engine.step())
     return [done[i] for i in ids]
-

@@ -24,10 +24,10 @@ import torch
 
 import yatt
 from yatt.engines.base import Completion, SamplingSpec
-from yatt.tensors import DTYPES, weight_buckets
 from yatt.engines.config import EngineConfig
 from yatt.engines.server import advertised_address
 from yatt.registry import is_import_path
+from yatt.tensors import DTYPES, weight_buckets
 from yatt.transport.codec import new_secret
 from yatt.transport.rpc import RpcClient
 
@@ -96,9 +96,7 @@ def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> di
     """The child's environment: ours minus torchrun's variables, plus engine tuning and the backend's own
     variables (its `env` hook); on GPU machines it sees only the spawning rank's GPU (`device_env`); a plug-in
     backend's folder is on its PYTHONPATH (`plugin_root`)."""
-    env = {
-        k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith(TORCHRUN_PREFIXES)
-    }
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith(TORCHRUN_PREFIXES)}
     env["OMP_NUM_THREADS"] = str(cfg.threads)
     backend_env = getattr(cfg.backend_entry, "env", None)
     for key, value in (backend_env(cfg.backend_config) if backend_env else {}).items():
@@ -125,8 +123,9 @@ class EngineClient:
     `generate` is submit + poll until all are back.
     """
 
-    def __init__(self, proc: subprocess.Popen | None, endpoint: str, secret: bytes, cfg: EngineConfig,
-                 log_path: Path | None) -> None:
+    def __init__(
+        self, proc: subprocess.Popen | None, endpoint: str, secret: bytes, cfg: EngineConfig, log_path: Path | None
+    ) -> None:
         self.proc = proc
         self.endpoint = endpoint
         self.cfg = cfg
@@ -169,16 +168,25 @@ class EngineClient:
                 raise EngineDied(f"engine at {self.endpoint} did not answer {method!r}: {e}") from e
             raise
 
-    def submit(self, keys: list[str], prompts: list[list[int]], sampling: SamplingSpec,
-               seeds: list[int] | None = None, images: list[list[bytes] | None] | None = None) -> int:
+    def submit(
+        self,
+        keys: list[str],
+        prompts: list[list[int]],
+        sampling: SamplingSpec,
+        seeds: list[int] | None = None,
+        images: list[list[bytes] | None] | None = None,
+    ) -> int:
         """Queue prompts; returns the engine's load (requests in flight) after queueing. `images`: per prompt,
         the encoded bytes of its images (one per placeholder token), or None for a text prompt."""
-        extra = {} if images is None else {"images": [None if im is None else [bytes(b) for b in im]
-                                                      for im in images]}
+        extra = {} if images is None else {"images": [None if im is None else [bytes(b) for b in im] for im in images]}
         out = self._call(
-            "submit", client=self.client_id, keys=[str(k) for k in keys],
-            prompts=[[int(t) for t in p] for p in prompts], sampling=sampling.to_dict(),
-            seeds=None if seeds is None else [int(s) for s in seeds], **extra,
+            "submit",
+            client=self.client_id,
+            keys=[str(k) for k in keys],
+            prompts=[[int(t) for t in p] for p in prompts],
+            sampling=sampling.to_dict(),
+            seeds=None if seeds is None else [int(s) for s in seeds],
+            **extra,
         )
         return int(out["load"])
 
@@ -192,7 +200,10 @@ class EngineClient:
         self._call("cancel", client=self.client_id)
 
     def generate(
-        self, prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None = None,
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingSpec,
+        seeds: list[int] | None = None,
         images: list[list[bytes] | None] | None = None,
     ) -> list[list[Completion]]:
         if not prompts:
@@ -315,9 +326,7 @@ def spawn_engine(
             if rc is not None:
                 raise EngineStartError(f"engine exited with code {rc} during startup:\n{log_tail(log_path)}")
             if time.monotonic() > deadline:
-                raise EngineStartError(
-                    f"engine not ready after {cfg.startup_timeout_s:.0f}s:\n{log_tail(log_path)}"
-                )
+                raise EngineStartError(f"engine not ready after {cfg.startup_timeout_s:.0f}s:\n{log_tail(log_path)}")
             time.sleep(0.05)
         endpoint = ready_file.read_text().strip()
     except BaseException:

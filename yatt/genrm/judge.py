@@ -32,20 +32,27 @@ class Judge:
     def __init__(self, cfg: JudgeConfig):
         self.cfg = cfg
         self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model))
-        self.sampling = SamplingSpec(n=cfg.repeats, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
-                                     stop_token_ids=[self.tokenizer.eos_token_id], logprobs=False)
+        self.sampling = SamplingSpec(
+            n=cfg.repeats,
+            temperature=cfg.temperature,
+            max_tokens=cfg.max_tokens,
+            stop_token_ids=[self.tokenizer.eos_token_id],
+            logprobs=False,
+        )
         self.max_prompt_tokens = judge_engine(cfg).max_model_len - cfg.max_tokens
 
     def prompt_ids(self, question: str, reference: str | None, response: str) -> list[int]:
-        ids = self.tokenizer(render(self.cfg.template, question, reference, response),
-                             add_special_tokens=False)["input_ids"]
+        ids = self.tokenizer(render(self.cfg.template, question, reference, response), add_special_tokens=False)[
+            "input_ids"
+        ]
         if len(ids) > self.max_prompt_tokens:
             # Keep the end (the verdict question) and drop the start; counted by the caller as a normal judgement.
-            ids = ids[-self.max_prompt_tokens:]
+            ids = ids[-self.max_prompt_tokens :]
         return ids
 
     def score(self, completions: list[Completion]) -> JudgeScore:
-        verdicts = [self.cfg.verdict.parse(self.tokenizer.decode(c.token_ids, skip_special_tokens=True))
-                    for c in completions]
+        verdicts = [
+            self.cfg.verdict.parse(self.tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in completions
+        ]
         mean, bad = mean_over_repeats(verdicts, self.cfg.unparseable_score)
         return JudgeScore(mean, bad)

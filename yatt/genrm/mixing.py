@@ -9,8 +9,13 @@ import torch
 MixMode = Literal["rule", "genrm", "genrm_with_rule"]
 
 
-def mix_rewards(mode: MixMode, rule: torch.Tensor | None, judges: dict[str, torch.Tensor],
-                judge_weights: dict[str, float], rule_weight: float = 1.0) -> torch.Tensor:
+def mix_rewards(
+    mode: MixMode,
+    rule: torch.Tensor | None,
+    judges: dict[str, torch.Tensor],
+    judge_weights: dict[str, float],
+    rule_weight: float = 1.0,
+) -> torch.Tensor:
     """Weighted mean of the chosen parts.
 
     rule: the rule verifier alone. genrm: weighted mean of the judges. genrm_with_rule: weighted

@@ -12,19 +12,17 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-
-from typing import Callable
 
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
-from yatt.tensors import NamedTensors
 from yatt.engines.client import EngineClient, EngineDied, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.genrm.judge import judge_engine
 from yatt.placement.ownership import HookRole
+from yatt.tensors import NamedTensors
 from yatt.transport.secret import run_secret
 
 ROLLOUT = "rollout"
@@ -47,8 +45,14 @@ PolicyWeights = Callable[[], Iterator[NamedTensors]]
 class EngineServices:
     """`spawn` starts one engine (default: a child process, `spawn_engine`); tests pass in-process fakes."""
 
-    def __init__(self, cfg: ExperimentConfig, world: World, run_dir: Path, spawn: Spawn = spawn_engine,
-                 policy_weights: PolicyWeights | None = None):
+    def __init__(
+        self,
+        cfg: ExperimentConfig,
+        world: World,
+        run_dir: Path,
+        spawn: Spawn = spawn_engine,
+        policy_weights: PolicyWeights | None = None,
+    ):
         """`policy_weights`: what `push_policy` pushes, and what a rollout engine restarted mid-run is loaded
         with; None (no trainer, e.g. a test of the engines alone): a restarted engine serves model.path."""
         self.cfg, self.world, self.run_dir, self.spawn = cfg, world, run_dir, spawn
@@ -57,10 +61,12 @@ class EngineServices:
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
         self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
         rollout_engine = cfg.rollout.engine.model_copy(
-            update={"max_model_len": cfg.rollout.engine.max_model_len or cfg.rollout_tokens})
+            update={"max_model_len": cfg.rollout.engine.max_model_len or cfg.rollout_tokens}
+        )
         self.specs: dict[str, tuple[str, EngineConfig, int]] = {
             role: (str(cfg.model.path), rollout_engine, cfg.run.seed + world.rank + i * world.size)
-            for i, role in enumerate(self.rollout_roles)}
+            for i, role in enumerate(self.rollout_roles)
+        }
         for j in cfg.reward.judges:
             self.specs[genrm_role(j.name)] = (str(j.model), judge_engine(j), cfg.run.seed + 1000 + world.rank)
         self.local: dict[str, EngineClient] = {}
@@ -75,8 +81,9 @@ class EngineServices:
         model, engine_cfg, seed = self.specs[role]
         self.generation += 1
         log = self.run_dir / "logs" / f"engine-{role}-rank{self.world.rank}-{self.generation}.log"
-        client = self.spawn(model, engine_cfg, seed=seed, log_path=log,
-                            secret=derive_secret(self.run_secret, role, self.world.rank))
+        client = self.spawn(
+            model, engine_cfg, seed=seed, log_path=log, secret=derive_secret(self.run_secret, role, self.world.rank)
+        )
         self.local[role] = client
         if restart and role in self.rollout_roles and self.policy_weights is not None:
             for bucket in self.policy_weights():
@@ -105,8 +112,11 @@ class EngineServices:
                 try:
                     self.local[role].update_weights(bucket)
                 except Exception as e:
-                    print(f"warning: rank {self.world.rank}: weight update of engine {role} failed "
-                          f"({str(e).splitlines()[0][:200]}); restarting it with the current weights", flush=True)
+                    print(
+                        f"warning: rank {self.world.rank}: weight update of engine {role} failed "
+                        f"({str(e).splitlines()[0][:200]}); restarting it with the current weights",
+                        flush=True,
+                    )
                     failed.add(role)
         for role in failed:
             self.local[role].close()
@@ -116,8 +126,10 @@ class EngineServices:
     def device_roles(self) -> dict[str, HookRole]:
         """The engines' roles on this device (yatt.placement.ownership): ROLLOUT's and "genrm"'s engines sleep
         when the device changes owner and wake when it comes back to them."""
-        return {kind: HookRole(lambda kind=kind: self.sleep(kind), lambda kind=kind: self.wake(kind))
-                for kind in (ROLLOUT, "genrm")}
+        return {
+            kind: HookRole(lambda kind=kind: self.sleep(kind), lambda kind=kind: self.wake(kind))
+            for kind in (ROLLOUT, "genrm")
+        }
 
     def sleep(self, kind: str) -> list[dict]:
         """Offload this rank's `kind` engines (ROLLOUT or "genrm"); one found dead is restarted (and slept)."""
@@ -134,8 +146,11 @@ class EngineServices:
             try:
                 out.append(getattr(self.local[role], method)())
             except EngineDied as e:  # killed between stages: the run goes on with a fresh one
-                print(f"warning: rank {self.world.rank}: engine {role} died ({str(e).splitlines()[0][:200]}); "
-                      "restarting it", flush=True)
+                print(
+                    f"warning: rank {self.world.rank}: engine {role} died ({str(e).splitlines()[0][:200]}); "
+                    "restarting it",
+                    flush=True,
+                )
                 self.local[role].close()
                 out.append(getattr(self._start(role), method)())
                 self.uncounted_restarts += 1
@@ -170,8 +185,9 @@ class EngineServices:
         key = (role, rank)
         if key not in self._remote or self._remote[key].closed:
             endpoint = self.world.lookup(f"engine/{role}/{rank}")
-            self._remote[key] = connect_engine(endpoint, derive_secret(self.run_secret, role, rank),
-                                               self.specs[role][1])
+            self._remote[key] = connect_engine(
+                endpoint, derive_secret(self.run_secret, role, rank), self.specs[role][1]
+            )
         return self._remote[key]
 
     def pool(self, kind: str, ranks: tuple[int, ...] | list[int]) -> EnginePool:
@@ -186,6 +202,7 @@ class EngineServices:
             own.close()
             self.uncounted_restarts += 1
             return self._start(kind)
+
         return EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks for role in roles}, respawn=respawn)
 
     def busy_seconds(self) -> dict[str, float]:

@@ -33,26 +33,48 @@ def engine_busy(before: dict[str, float], now: dict[str, float]) -> dict[str, fl
     return {"rollout": rollout, "genrm": sum(busy.values())}
 
 
-def step_placement_metrics(world: World, busy: dict[str, float], owned: dict[str, float], restarts: int,
-                           restarted: int, gen, split: GenerationSplit | None, devices: int, step_s: float,
-                           judges: dict, rollouts: list) -> dict[str, float]:
+def step_placement_metrics(
+    world: World,
+    busy: dict[str, float],
+    owned: dict[str, float],
+    restarts: int,
+    restarted: int,
+    gen,
+    split: GenerationSplit | None,
+    devices: int,
+    step_s: float,
+    judges: dict,
+    rollouts: list,
+) -> dict[str, float]:
     """One step's placement metrics. `busy`: this rank's seconds of engine work (engine_busy) and of training
     ("train"); `owned`: DeviceOwnership.take_metrics(); `restarts`: this rank's engine restarts during the step
     (EngineServices.take_restarts), `restarted`: all ranks' before it (EngineServices.heal); `gen`: the step's
     yatt.controllers.generation.GenerationStats; `split`: the step's (None: full colocation on all `devices`)."""
-    load = summed(world, {"load/rollout_busy_s": busy["rollout"], "load/genrm_busy_s": busy["genrm"],
-                          "restarts": float(restarts)})
+    load = summed(
+        world, {"load/rollout_busy_s": busy["rollout"], "load/genrm_busy_s": busy["genrm"], "restarts": float(restarts)}
+    )
     restarted += int(load.pop("restarts"))
-    out = {**load, **maxed(world, {"placement/switch_s": owned["placement/switch_s"],
-                                   "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
-                                   "time/rollout_phase_s": gen.rollout_s, "time/judge_tail_s": gen.judge_tail_s}),
-           "placement/switches": owned["placement/switches"], "placement/engine_restarts": float(restarted),
-           "placement/rollout_devices": float(len(split.rollout) if split else devices),
-           "placement/genrm_devices": float(len(split.genrm) if split else devices)}
+    out = {
+        **load,
+        **maxed(
+            world,
+            {
+                "placement/switch_s": owned["placement/switch_s"],
+                "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
+                "time/rollout_phase_s": gen.rollout_s,
+                "time/judge_tail_s": gen.judge_tail_s,
+            },
+        ),
+        "placement/switches": owned["placement/switches"],
+        "placement/engine_restarts": float(restarted),
+        "placement/rollout_devices": float(len(split.rollout) if split else devices),
+        "placement/genrm_devices": float(len(split.genrm) if split else devices),
+    }
     out.update(device_metrics(world, owned, busy["rollout"] + busy["genrm"] + busy["train"], step_s))
     if judges:
-        out.update(judge_metrics(world, judges, rollouts, gen.judged, gen.unparseable, busy["genrm"],
-                                 gen.max_judge_queue))
+        out.update(
+            judge_metrics(world, judges, rollouts, gen.judged, gen.unparseable, busy["genrm"], gen.max_judge_queue)
+        )
     out.update(pool_metrics(world, gen.pools, list(judges)))
     return out
 
@@ -63,8 +85,11 @@ def device_metrics(world: World, owned: dict[str, float], busy_s: float, step_s:
     Idle is the part of the step in which the device computed nothing: not stepping an engine, not
     training; e.g. a rollout device waiting for the slowest group, or any device waiting on a barrier.
     """
-    table = {f"device{r}/{key}": 0.0 for r in range(world.size)
-             for key in [*(f"owned_{role}_s" for role in ROLES), "idle_frac"]}
+    table = {
+        f"device{r}/{key}": 0.0
+        for r in range(world.size)
+        for key in [*(f"owned_{role}_s" for role in ROLES), "idle_frac"]
+    }
     me = f"device{world.rank}"
     for role in ROLES:
         table[f"{me}/owned_{role}_s"] = owned.get(f"placement/owned_{role}_s", 0.0)
@@ -83,21 +108,29 @@ def pool_metrics(world: World, pools: dict[str, float], judge_names) -> dict[str
     return summed(world, {k: pools.get(k, 0.0) for k in keys})  # fixed keys: a rank may have had no pools
 
 
-def judge_metrics(world: World, judges: dict, rollouts: list, judged: int, unparseable: int,
-                  judge_busy_s: float, max_queue: int) -> dict[str, float]:
+def judge_metrics(
+    world: World, judges: dict, rollouts: list, judged: int, unparseable: int, judge_busy_s: float, max_queue: int
+) -> dict[str, float]:
     """Throughput (judged responses per busy judge-second), unreadable verdicts, queue depth, and
     agreement of each judge with the rule verifier."""
-    local = {"genrm/judged": float(judged), "unparseable": float(unparseable), "judge_busy": judge_busy_s,
-             "samples": float(len(rollouts))}
+    local = {
+        "genrm/judged": float(judged),
+        "unparseable": float(unparseable),
+        "judge_busy": judge_busy_s,
+        "samples": float(len(rollouts)),
+    }
     for name, judge in judges.items():
         threshold = judge.cfg.verdict.pass_threshold
-        local[f"genrm/{name}/agree_with_rule"] = float(sum(
-            (r.judge_scores[name] > threshold) == (r.rule_score >= 1.0) for r in rollouts))
+        local[f"genrm/{name}/agree_with_rule"] = float(
+            sum((r.judge_scores[name] > threshold) == (r.rule_score >= 1.0) for r in rollouts)
+        )
     s = summed(world, local)
     repeats = sum(j.cfg.repeats for j in judges.values()) / len(judges)
-    out = {"genrm/judged": s["genrm/judged"],
-           "genrm/judged_per_busy_s": s["genrm/judged"] / max(s["judge_busy"], 1e-9),
-           "genrm/unparseable_frac": s["unparseable"] / max(s["genrm/judged"] * repeats, 1.0),
-           **maxed(world, {"genrm/max_queue": float(max_queue)})}
+    out = {
+        "genrm/judged": s["genrm/judged"],
+        "genrm/judged_per_busy_s": s["genrm/judged"] / max(s["judge_busy"], 1e-9),
+        "genrm/unparseable_frac": s["unparseable"] / max(s["genrm/judged"] * repeats, 1.0),
+        **maxed(world, {"genrm/max_queue": float(max_queue)}),
+    }
     out.update({k: v / max(s["samples"], 1.0) for k, v in s.items() if k.endswith("agree_with_rule")})
     return out

@@ -8,8 +8,9 @@ host memory): the hooks report what they would free, and ownership decides who c
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 
 class Role(Protocol):

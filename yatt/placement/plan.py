@@ -26,14 +26,14 @@ def split_devices(world_size: int, rollout_devices: int) -> GenerationSplit:
     return GenerationSplit(tuple(range(rollout_devices)), tuple(range(rollout_devices, world_size)))
 
 
-def choose_rollout_devices(world_size: int, rollout_work_s: float, genrm_work_s: float,
-                           min_rollout: int = 1, min_genrm: int = 1) -> int:
+def choose_rollout_devices(
+    world_size: int, rollout_work_s: float, genrm_work_s: float, min_rollout: int = 1, min_genrm: int = 1
+) -> int:
     """R minimising max(rollout_work / R, genrm_work / (N - R)); ties go to more rollout devices."""
     low, high = min_rollout, world_size - min_genrm
     if low > high:
         raise ValueError(f"{world_size} devices cannot hold {min_rollout} rollout + {min_genrm} GenRM devices")
-    return min(range(low, high + 1),
-               key=lambda r: (max(rollout_work_s / r, genrm_work_s / (world_size - r)), -r))
+    return min(range(low, high + 1), key=lambda r: (max(rollout_work_s / r, genrm_work_s / (world_size - r)), -r))
 
 
 class LoadEstimate:
@@ -68,6 +68,11 @@ class GenerationSchedule:
             return
         self.load.update(rollout_work_s, genrm_work_s)
         if self.cfg.dynamic:
-            r = choose_rollout_devices(self.world_size, self.load.rollout_s, self.load.genrm_s,
-                                       self.cfg.min_rollout_devices, self.cfg.min_genrm_devices)
+            r = choose_rollout_devices(
+                self.world_size,
+                self.load.rollout_s,
+                self.load.genrm_s,
+                self.cfg.min_rollout_devices,
+                self.cfg.min_genrm_devices,
+            )
             self.split = split_devices(self.world_size, r)

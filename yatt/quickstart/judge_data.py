@@ -14,8 +14,8 @@ import argparse
 import random
 from pathlib import Path
 
-from yatt.quickstart.addition import read_jsonl, write_jsonl
 from yatt.genrm.template import render
+from yatt.quickstart.addition import read_jsonl, write_jsonl
 from yatt.rewards.rules import answers_match
 
 QUICKSTART_TEMPLATE = "{question}{reference}:{response}?"
@@ -27,10 +27,11 @@ STRAY = "0123456789+=-"
 # neighbour ("1421" -> "1411"), the mistake a basic judge waves through most often on policy samples
 # (7% of wrong answers judged right). Trained from scratch on near_miss, the judge learns more slowly.
 MIXES = {
-    "basic": (["digit", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
-              [40, 25, 5, 5, 10, 5, 5, 5]),
-    "near_miss": (["digit", "neighbour", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
-                  [25, 25, 20, 5, 5, 5, 5, 5, 5]),
+    "basic": (["digit", "carry", "drop", "extra", "swap", "random", "stray", "empty"], [40, 25, 5, 5, 10, 5, 5, 5]),
+    "near_miss": (
+        ["digit", "neighbour", "carry", "drop", "extra", "swap", "random", "stray", "empty"],
+        [25, 25, 20, 5, 5, 5, 5, 5, 5],
+    ),
 }
 
 
@@ -44,8 +45,13 @@ def wrong_response(answer: str, rng: random.Random, mix: str = "near_miss") -> s
         digits[i] = rng.choice([d for d in "0123456789" if d != digits[i]])
         text = "".join(digits)
     elif kind == "neighbour" and len(set(digits)) > 1:
-        i = rng.choice([k for k in range(len(digits)) if any(
-            0 <= k + d < len(digits) and digits[k + d] != digits[k] for d in (-1, 1))])
+        i = rng.choice(
+            [
+                k
+                for k in range(len(digits))
+                if any(0 <= k + d < len(digits) and digits[k + d] != digits[k] for d in (-1, 1))
+            ]
+        )
         j = rng.choice([i + d for d in (-1, 1) if 0 <= i + d < len(digits) and digits[i + d] != digits[i]])
         digits[i] = digits[j]
         text = "".join(digits)
@@ -53,7 +59,7 @@ def wrong_response(answer: str, rng: random.Random, mix: str = "near_miss") -> s
         text = str(max(0, int(answer) + rng.choice([-1, 1]) * rng.choice([1, 10, 100, 1000])))
     elif kind == "drop":
         i = rng.randrange(len(digits))
-        text = "".join(digits[:i] + digits[i + 1:])
+        text = "".join(digits[:i] + digits[i + 1 :])
     elif kind == "extra":
         i = rng.randrange(len(digits) + 1)
         text = "".join(digits[:i] + [rng.choice("0123456789")] + digits[i:])
@@ -81,8 +87,9 @@ def judge_rows(addition_rows: list[dict], seed: int, mix: str, template: str = Q
         else:
             response = wrong_response(answer, rng, mix)
         label = "yes" if answers_match(response, answer) else "no"
-        rows.append({"prompt": render(template, row["prompt"], answer, response), "answer": label,
-                     "data_source": "exact_match"})
+        rows.append(
+            {"prompt": render(template, row["prompt"], answer, response), "answer": label, "data_source": "exact_match"}
+        )
     return rows
 
 

@@ -20,8 +20,8 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from pydantic import BaseModel, ConfigDict, Field
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from yatt.config_loading import dump_config
 from yatt.data.errors import DataError
@@ -38,9 +38,12 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Shape and alphabet of the fresh tiny model.")
-    init_from: Path | None = Field(None, description="Start from this HF model folder instead of a fresh model "
-                                   "(model: is then ignored).")
+    model: TinyModelConfig = Field(
+        default_factory=TinyModelConfig, description="Shape and alphabet of the fresh tiny model."
+    )
+    init_from: Path | None = Field(
+        None, description="Start from this HF model folder instead of a fresh model (model: is then ignored)."
+    )
     sft_file: Path = Field(description="JSONL rows to train on: prompt + answer, or messages (yatt.data.jsonl).")
     eval_file: Path = Field(description="Held-out JSONL rows for the greedy accuracy (scored by data_source).")
     output_dir: Path = Field(description="Hugging Face model folder to write (replaced atomically).")
@@ -49,21 +52,37 @@ class SFTConfig(BaseModel):
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW (beta1, beta2).")
     grad_clip: float | None = Field(None, gt=0, description="Clip the gradient norm to this value (None: no clipping).")
     warmup_steps: int = Field(100, ge=0, description="Steps of linear learning-rate warm-up from 0.")
-    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="After warm-up: constant, or cosine "
-                                                       "decay to min_lr_ratio * lr at max_steps.")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After warm-up: constant, or cosine decay to min_lr_ratio * lr at max_steps."
+    )
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: the final learning rate as a fraction of lr.")
     batch_size: int = Field(64, gt=0, description="Rows per optimizer step.")
     max_steps: int = Field(2000, gt=0, description="Stop after this many steps even if the accuracy is not reached.")
-    eval_every: int = Field(25, gt=0, description="Steps between evaluations while accuracy is below `eval_often_above`.")
-    eval_often_every: int = Field(10, gt=0, description="Steps between evaluations once accuracy is at least `eval_often_above`.")
-    eval_often_above: float = Field(0.05, ge=0, le=1, description="Accuracy from which evaluations come every `eval_often_every` steps.")
+    eval_every: int = Field(
+        25, gt=0, description="Steps between evaluations while accuracy is below `eval_often_above`."
+    )
+    eval_often_every: int = Field(
+        10, gt=0, description="Steps between evaluations once accuracy is at least `eval_often_above`."
+    )
+    eval_often_above: float = Field(
+        0.05, ge=0, le=1, description="Accuracy from which evaluations come every `eval_often_every` steps."
+    )
     eval_examples: int = Field(200, gt=0, description="First rows of eval_file used by the stop check.")
-    stop_at_accuracy: float = Field(0.45, gt=0, le=1, description="Stop at the first evaluation with at least this accuracy.")
-    final_eval_examples: int | None = Field(None, gt=0, description="Rows of eval_file for the final accuracy in the summary (None: all).")
+    stop_at_accuracy: float = Field(
+        0.45, gt=0, le=1, description="Stop at the first evaluation with at least this accuracy."
+    )
+    final_eval_examples: int | None = Field(
+        None, gt=0, description="Rows of eval_file for the final accuracy in the summary (None: all)."
+    )
     max_new_tokens: int = Field(8, gt=0, description="Longest greedy response at evaluation, end-of-sequence included.")
-    max_tokens: int | None = Field(None, gt=0, description="Longest training example in tokens; a longer row is an "
-                                   "error naming it (None: no limit).")
-    log_every: int = Field(50, ge=0, description="Steps between progress lines (loss, tokens/s, eta); 0: only at evals.")
+    max_tokens: int | None = Field(
+        None,
+        gt=0,
+        description="Longest training example in tokens; a longer row is an error naming it (None: no limit).",
+    )
+    log_every: int = Field(
+        50, ge=0, description="Steps between progress lines (loss, tokens/s, eta); 0: only at evals."
+    )
     seed: int = Field(0, description="Seed of the model initialisation and of the data order.")
 
 
@@ -88,8 +107,7 @@ def cut_at_eos(tokens: list[int], eos_id: int) -> list[int]:
     return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
-def evaluate(model, tokenizer, rows: list[PromptRow], max_new_tokens: int, batch_size: int = 500,
-             log=None) -> float:
+def evaluate(model, tokenizer, rows: list[PromptRow], max_new_tokens: int, batch_size: int = 500, log=None) -> float:
     """Greedy accuracy on `rows`: the fraction whose response gets a full score from the row's verifier.
     Rows are grouped by prompt length so no padding is needed; `log` gets a progress line every ~10 s."""
     was_training = model.training
@@ -169,8 +187,10 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
     for row in eval_rows:
         eval_prompt(row, tokenizer)  # a bad eval row fails now, not after minutes of training
     ids, labels = encode_examples(train_rows, tokenizer, cfg.max_tokens)
-    log(f"sft: {params:,} params, {len(train_rows)} training rows ({int((labels != -100).sum()):,} target tokens), "
-        f"{len(stop_rows)} eval rows for the stop check")
+    log(
+        f"sft: {params:,} params, {len(train_rows)} training rows ({int((labels != -100).sum()):,} target tokens), "
+        f"{len(stop_rows)} eval rows for the stop check"
+    )
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
@@ -198,14 +218,18 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
         tokens += int((ids[batch, :width] != pad_id).sum())
         if cfg.log_every and step % cfg.log_every == 0 and step != next_eval:
             elapsed = time.perf_counter() - start
-            log(f"step {step:5d}  loss {sum(window) / len(window):.4f}  {tokens / elapsed:,.0f} tok/s  {elapsed:6.1f}s"
-                f"  eta {elapsed / step * (cfg.max_steps - step):.0f}s (max_steps)")
+            log(
+                f"step {step:5d}  loss {sum(window) / len(window):.4f}  {tokens / elapsed:,.0f} tok/s  {elapsed:6.1f}s"
+                f"  eta {elapsed / step * (cfg.max_steps - step):.0f}s (max_steps)"
+            )
 
         if step == next_eval or step == cfg.max_steps:
             accuracy = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens, log=log)
             elapsed = time.perf_counter() - start
             mean_loss = sum(window) / len(window)
-            history.append({"step": step, "loss": round(mean_loss, 5), "accuracy": accuracy, "seconds": round(elapsed, 2)})
+            history.append(
+                {"step": step, "loss": round(mean_loss, 5), "accuracy": accuracy, "seconds": round(elapsed, 2)}
+            )
             log(f"step {step:5d}  loss {mean_loss:.4f}  accuracy {accuracy:.3f}  {elapsed:6.1f}s")
             window = []
             if accuracy >= cfg.stop_at_accuracy:
@@ -228,8 +252,10 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
         "seed": cfg.seed,
         "history": history,
     }
-    log(f"sft: stopped by {stopped_by} at step {step} after {train_seconds:.1f}s; "
-        f"accuracy {final_accuracy:.3f} on {len(final_rows)} held-out rows")
+    log(
+        f"sft: stopped by {stopped_by} at step {step} after {train_seconds:.1f}s; "
+        f"accuracy {final_accuracy:.3f} on {len(final_rows)} held-out rows"
+    )
 
     def write(folder: Path) -> None:
         model.save_pretrained(folder)

@@ -52,7 +52,7 @@ def _left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.T
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s), 1
+        ids[i, width - len(s) :], mask[i, width - len(s) :] = torch.tensor(s), 1
     return ids, mask
 
 
@@ -65,8 +65,9 @@ def greedy_correct(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) -
     answers: list[list[int]] = [[] for _ in seqs]
     for _ in range(max_new_tokens):
         ids, mask = _left_padded(seqs, tok.pad_token_id)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                       **pixels).logits[:, -1]
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0), **pixels
+        ).logits[:, -1]
         for i, t in enumerate(logits.argmax(-1).tolist()):
             if not done[i]:
                 seqs[i].append(t)
@@ -107,15 +108,26 @@ def sft_loss(model, tok, prompts, answers, pixels) -> torch.Tensor:
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, (p, a) in enumerate(zip(prompts, answers)):
         ids[i, : len(p) + len(a)] = torch.tensor(p + a)
-        labels[i, len(p): len(p) + len(a)] = torch.tensor(a)
+        labels[i, len(p) : len(p) + len(a)] = torch.tensor(a)
         mask[i, : len(p) + len(a)] = 1
     logits = model(input_ids=ids, attention_mask=mask, **pixels).logits[:, :-1]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
-def run_sft_vl(data: Path, out: Path, stop_at: float = 0.3, lr: float = 1e-3, batch_size: int = 64,
-               max_steps: int = 3000, eval_every: int = 10, eval_rows: int = 200, seed: int = 0,
-               balanced: bool = True, min_answer_accuracy: float = 0.1, log=print) -> dict:
+def run_sft_vl(
+    data: Path,
+    out: Path,
+    stop_at: float = 0.3,
+    lr: float = 1e-3,
+    batch_size: int = 64,
+    max_steps: int = 3000,
+    eval_every: int = 10,
+    eval_rows: int = 200,
+    seed: int = 0,
+    balanced: bool = True,
+    min_answer_accuracy: float = 0.1,
+    log=print,
+) -> dict:
     """Train until an eval has greedy accuracy >= stop_at and, on the rows of every gold answer, greedy
     accuracy >= min_answer_accuracy (0 disables that part). balanced: answer-balanced batches."""
     torch.manual_seed(seed)
@@ -134,8 +146,9 @@ def run_sft_vl(data: Path, out: Path, stop_at: float = 0.3, lr: float = 1e-3, ba
     start, history, acc = time.perf_counter(), [], 0.0
     for step in range(1, max_steps + 1):
         pick = draw(batch_size)
-        loss = sft_loss(model, tok, [prompts[i] for i in pick], [answers[i] for i in pick],
-                        {k: v[pick] for k, v in pixels.items()})
+        loss = sft_loss(
+            model, tok, [prompts[i] for i in pick], [answers[i] for i in pick], {k: v[pick] for k, v in pixels.items()}
+        )
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -144,8 +157,10 @@ def run_sft_vl(data: Path, out: Path, stop_at: float = 0.3, lr: float = 1e-3, ba
             right = greedy_correct(model, tok, e_rows, e_prompts, e_pixels)
             acc, per_answer = sum(right) / len(right), per_answer_accuracy(e_rows, right)
             history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc, "per_answer": per_answer})
-            log(f"sft-vl step {step:5d} loss {float(loss.detach()):.3f} eval accuracy {acc:.3f} per answer "
-                f"{ {a: round(v, 2) for a, v in per_answer.items()} } ({time.perf_counter() - start:.0f}s)")
+            log(
+                f"sft-vl step {step:5d} loss {float(loss.detach()):.3f} eval accuracy {acc:.3f} per answer "
+                f"{ {a: round(v, 2) for a, v in per_answer.items()} } ({time.perf_counter() - start:.0f}s)"
+            )
             if acc >= stop_at and min(per_answer.values()) >= min_answer_accuracy:
                 break
     model.save_pretrained(work)
@@ -160,8 +175,12 @@ if __name__ == "__main__":
     parser.add_argument("--data", type=Path, default=Path("data/shapes"))
     parser.add_argument("--out", type=Path, default=Path("models/quickstart-vl"))
     parser.add_argument("--stop-at", type=float, default=0.3, help="stop at this held-out greedy accuracy...")
-    parser.add_argument("--min-answer-accuracy", type=float, default=0.1,
-                        help="...once the rows of every gold answer also reach this greedy accuracy (0: off)")
+    parser.add_argument(
+        "--min-answer-accuracy",
+        type=float,
+        default=0.1,
+        help="...once the rows of every gold answer also reach this greedy accuracy (0: off)",
+    )
     parser.add_argument("--plain-batches", action="store_true", help="uniform rows instead of answer-balanced")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--eval-every", type=int, default=10)
@@ -171,7 +190,15 @@ if __name__ == "__main__":
     if args.out.exists():
         print(f"{args.out} exists; delete it to train again")
     else:
-        result = run_sft_vl(args.data, args.out, args.stop_at, lr=args.lr, max_steps=args.max_steps,
-                            eval_every=args.eval_every, seed=args.seed, balanced=not args.plain_batches,
-                            min_answer_accuracy=args.min_answer_accuracy)
+        result = run_sft_vl(
+            args.data,
+            args.out,
+            args.stop_at,
+            lr=args.lr,
+            max_steps=args.max_steps,
+            eval_every=args.eval_every,
+            seed=args.seed,
+            balanced=not args.plain_batches,
+            min_answer_accuracy=args.min_answer_accuracy,
+        )
         print({k: v for k, v in result.items() if k != "history"})

@@ -43,12 +43,16 @@ def draw_cells(cells: list[str | None], grid: int, cell: int):
 def shapes_row(rng: random.Random, grid: int, fill: float) -> tuple[list[str | None], dict]:
     cells = [rng.choice(list(COLOURS)) if rng.random() < fill else None for _ in range(grid * grid)]
     asked = rng.choice(list(COLOURS))
-    return cells, {"prompt": f"<image>how many {asked}?", "answer": str(cells.count(asked)),
-                   "data_source": "exact_match"}
+    return cells, {
+        "prompt": f"<image>how many {asked}?",
+        "answer": str(cells.count(asked)),
+        "data_source": "exact_match",
+    }
 
 
-def write_shapes_split(out: Path, split: str, count: int, seed: int, grid: int = 2, cell: int = 16,
-                       fill: float = 0.75) -> Path:
+def write_shapes_split(
+    out: Path, split: str, count: int, seed: int, grid: int = 2, cell: int = 16, fill: float = 0.75
+) -> Path:
     """Write `count` rows of one split (images under out/images/) and return its JSONL path."""
     rng = random.Random(f"shapes:{split}:{seed}")
     (out / "images").mkdir(parents=True, exist_ok=True)

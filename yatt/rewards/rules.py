@@ -9,8 +9,8 @@ reads its data (yatt.data.prepare), before any engine starts; scoring then only 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from typing import Callable
+from collections.abc import Callable
+from functools import cache
 
 from yatt.data.errors import DataError
 from yatt.data.gym import GYM_PREFIX
@@ -41,7 +41,7 @@ def last_number(response: str, row: PromptRow) -> float:
         return 0.0
 
 
-@lru_cache(maxsize=None)
+@cache
 def _gym_scorer(dataset: str) -> Callable:
     import reasoning_gym
 
@@ -50,19 +50,22 @@ def _gym_scorer(dataset: str) -> Callable:
 
 def reasoning_gym_score(response: str, row: PromptRow) -> float:
     entry = {"question": row.question(), "answer": row.answer, "metadata": row.metadata}
-    return float(_gym_scorer(row.data_source[len(GYM_PREFIX):])(answer=response.strip(), entry=entry))
+    return float(_gym_scorer(row.data_source[len(GYM_PREFIX) :])(answer=response.strip(), entry=entry))
 
 
-RULES: Registry = Registry("data_source", {"exact_match": exact_match, "addition": exact_match,
-                                            "last_number": last_number})
+RULES: Registry = Registry(
+    "data_source", {"exact_match": exact_match, "addition": exact_match, "last_number": last_number}
+)
 
 
 def get_verifier(data_source: str) -> Verifier:
     if data_source.startswith(GYM_PREFIX):
         return reasoning_gym_score
     if data_source not in RULES:
-        raise ValueError(f"no verifier for data_source {data_source!r}; registered: {', '.join(RULES)}, "
-                         f"{GYM_PREFIX}<dataset>, a name in reward.verifiers, or an import path 'pkg.module:function'")
+        raise ValueError(
+            f"no verifier for data_source {data_source!r}; registered: {', '.join(RULES)}, "
+            f"{GYM_PREFIX}<dataset>, a name in reward.verifiers, or an import path 'pkg.module:function'"
+        )
     return RULES.get(data_source)
 
 

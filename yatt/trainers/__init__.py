@@ -9,7 +9,10 @@ section's `model_parallel` (tensor, pipeline) says how many ranks hold one copy 
 from yatt.backends import Backend
 from yatt.registry import Registry
 
-TRAINERS: Registry = Registry("trainer.backend", {
-    "torch": Backend("yatt.trainers.torch_trainer:TorchTrainer"),
-    "megatron": "yatt.trainers.megatron_config:MEGATRON",
-})
+TRAINERS: Registry = Registry(
+    "trainer.backend",
+    {
+        "torch": Backend("yatt.trainers.torch_trainer:TorchTrainer"),
+        "megatron": "yatt.trainers.megatron_config:MEGATRON",
+    },
+)

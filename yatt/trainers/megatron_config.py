@@ -23,10 +23,18 @@ class MegatronConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tensor_parallel: int = Field(1, gt=0, description="Split every layer's weights (attention heads, MLP, "
-                                 "vocabulary) over this many ranks; divides the key-value heads.")
-    pipeline_parallel: int = Field(1, gt=0, description="Split the decoder layers into this many consecutive "
-                                   "stages, one per rank; divides the number of layers.")
+    tensor_parallel: int = Field(
+        1,
+        gt=0,
+        description="Split every layer's weights (attention heads, MLP, "
+        "vocabulary) over this many ranks; divides the key-value heads.",
+    )
+    pipeline_parallel: int = Field(
+        1,
+        gt=0,
+        description="Split the decoder layers into this many consecutive "
+        "stages, one per rank; divides the number of layers.",
+    )
 
     @property
     def model_parallel(self) -> tuple[int, int]:
@@ -38,17 +46,24 @@ def preflight(cfg: ExperimentConfig, world_size: int) -> None:
     """What megatron needs of the launch and of the other sections (ValueError naming the fields)."""
     tp, pp = cfg.trainer.model_parallel
     if world_size % (tp * pp):
-        raise ValueError(f"trainer.megatron.tensor_parallel x pipeline_parallel = {tp * pp} must divide "
-                         f"the {world_size} ranks launched (data parallel = ranks / that)")
+        raise ValueError(
+            f"trainer.megatron.tensor_parallel x pipeline_parallel = {tp * pp} must divide "
+            f"the {world_size} ranks launched (data parallel = ranks / that)"
+        )
     if importlib.util.find_spec("megatron") is None:
         raise ValueError("trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
     if tp * pp > 1 and cfg.checkpoint.export_hf:
-        raise ValueError("checkpoint.export_hf needs the whole model on one rank; with tensor/pipeline "
-                         "parallelism the final policy is exported (run.export_policy) by gathering the shards")
+        raise ValueError(
+            "checkpoint.export_hf needs the whole model on one rank; with tensor/pipeline "
+            "parallelism the final policy is exported (run.export_policy) by gathering the shards"
+        )
     if tp * pp > 1 and (cfg.balance.enabled or cfg.placement.mode == "partial"):
-        raise ValueError("with tensor/pipeline parallelism, balance.enabled and placement.mode=partial "
-                         "are not supported yet (they move rollouts between ranks, not data-parallel groups)")
+        raise ValueError(
+            "with tensor/pipeline parallelism, balance.enabled and placement.mode=partial "
+            "are not supported yet (they move rollouts between ranks, not data-parallel groups)"
+        )
 
 
-MEGATRON = Backend("yatt.trainers.megatron_trainer:MegatronTrainer", section="megatron", config=MegatronConfig,
-                   preflight=preflight)
+MEGATRON = Backend(
+    "yatt.trainers.megatron_trainer:MegatronTrainer", section="megatron", config=MegatronConfig, preflight=preflight
+)

@@ -39,10 +39,16 @@ _LAYER_PLAIN = {
 }
 # how a megatron tensor is split over tensor-parallel ranks: the dim, or None (replicated)
 _TP_DIM = {
-    "embedding.word_embeddings.weight": 0, "output_layer.weight": 0, "decoder.final_layernorm.weight": None,
-    "input_layernorm.weight": None, "pre_mlp_layernorm.weight": None,
-    "self_attention.linear_qkv.weight": 0, "self_attention.linear_qkv.bias": 0,
-    "self_attention.linear_proj.weight": 1, "mlp.linear_fc1.weight": 0, "mlp.linear_fc2.weight": 1,
+    "embedding.word_embeddings.weight": 0,
+    "output_layer.weight": 0,
+    "decoder.final_layernorm.weight": None,
+    "input_layernorm.weight": None,
+    "pre_mlp_layernorm.weight": None,
+    "self_attention.linear_qkv.weight": 0,
+    "self_attention.linear_qkv.bias": 0,
+    "self_attention.linear_proj.weight": 1,
+    "mlp.linear_fc1.weight": 0,
+    "mlp.linear_fc2.weight": 1,
 }
 
 
@@ -70,8 +76,10 @@ def check_supported(hf: Any, tp: int, pp: int) -> None:
     if hf.hidden_act != "silu":
         raise ValueError(f"hidden_act {hf.hidden_act} is not mapped (SwiGLU only)")
     rope_theta(hf)
-    for what, count in (("num_key_value_heads", hf.num_key_value_heads), ("num_attention_heads",
-                                                                            hf.num_attention_heads)):
+    for what, count in (
+        ("num_key_value_heads", hf.num_key_value_heads),
+        ("num_attention_heads", hf.num_attention_heads),
+    ):
         if count % tp:
             raise ValueError(f"{what}={count} does not split over tensor_parallel={tp}")
     if hf.num_hidden_layers % pp:
@@ -88,19 +96,39 @@ def transformer_config(hf: Any, tp: int, pp: int, dtype: torch.dtype):
 
     check_supported(hf, tp, pp)
     return TransformerConfig(
-        num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size, ffn_hidden_size=hf.intermediate_size,
-        num_attention_heads=hf.num_attention_heads, num_query_groups=hf.num_key_value_heads,
-        kv_channels=head_dim(hf), normalization="RMSNorm", layernorm_epsilon=hf.rms_norm_eps,
-        gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=qkv_bias(hf),
-        hidden_dropout=0.0, attention_dropout=0.0, attention_softmax_in_fp32=True,
-        bias_activation_fusion=False, bias_dropout_fusion=False, masked_softmax_fusion=False,
-        persist_layer_norm=False, apply_rope_fusion=False, gradient_accumulation_fusion=False,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, sequence_parallel=False,
-        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16,
-        use_cpu_initialization=True, perform_initialization=False,  # weights come from the HF folder
+        num_layers=hf.num_hidden_layers,
+        hidden_size=hf.hidden_size,
+        ffn_hidden_size=hf.intermediate_size,
+        num_attention_heads=hf.num_attention_heads,
+        num_query_groups=hf.num_key_value_heads,
+        kv_channels=head_dim(hf),
+        normalization="RMSNorm",
+        layernorm_epsilon=hf.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=qkv_bias(hf),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        sequence_parallel=False,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        use_cpu_initialization=True,
+        perform_initialization=False,  # weights come from the HF folder
         variable_seq_lengths=True,  # micro-batches have different lengths: pipeline p2p sends shapes first
         moe_token_dispatcher_type="alltoall",  # no MoE here; the default (allgather) refuses variable lengths
-        calculate_per_token_loss=False)
+        calculate_per_token_loss=False,
+    )
 
 
 def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype):
@@ -111,10 +139,16 @@ def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype):
     gpt = GPTModel(
         config=transformer_config(hf, tp, pp, dtype),
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=padded_vocab(hf.vocab_size, tp), max_sequence_length=hf.max_position_embeddings,
-        pre_process=pp_rank == 0, post_process=pp_rank == pp - 1, parallel_output=True,
-        share_embeddings_and_output_weights=bool(hf.tie_word_embeddings), position_embedding_type="rope",
-        rotary_base=rope_theta(hf), rotary_percent=1.0)
+        vocab_size=padded_vocab(hf.vocab_size, tp),
+        max_sequence_length=hf.max_position_embeddings,
+        pre_process=pp_rank == 0,
+        post_process=pp_rank == pp - 1,
+        parallel_output=True,
+        share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
+        position_embedding_type="rope",
+        rotary_base=rope_theta(hf),
+        rotary_percent=1.0,
+    )
     mark_tensor_parallel(gpt)
     return gpt
 
@@ -133,13 +167,15 @@ def mark_tensor_parallel(gpt) -> None:
 
 # ---- full (unsharded) tensors: HF <-> megatron names -------------------------------------------------------
 
+
 def _fuse_qkv(q: Tensor, k: Tensor, v: Tensor, hf: Any) -> Tensor:
     """[q; k; v] rows regrouped per key-value group: [(q heads of g, k of g, v of g) for g in groups]."""
     groups, d = hf.num_key_value_heads, head_dim(hf)
     per = hf.num_attention_heads // groups
     rest = q.shape[1:]
-    return torch.cat([q.reshape(groups, per * d, *rest), k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)],
-                     dim=1).reshape(-1, *rest)
+    return torch.cat(
+        [q.reshape(groups, per * d, *rest), k.reshape(groups, d, *rest), v.reshape(groups, d, *rest)], dim=1
+    ).reshape(-1, *rest)
 
 
 def _split_qkv(qkv: Tensor, hf: Any) -> tuple[Tensor, Tensor, Tensor]:
@@ -159,10 +195,12 @@ def hf_layer_to_mcore(hf_layer: dict[str, Tensor], hf: Any) -> dict[str, Tensor]
     out = {mc: hf_layer[h] for h, mc in _LAYER_PLAIN.items()}
     a = "self_attn."
     out["self_attention.linear_qkv.weight"] = _fuse_qkv(
-        hf_layer[a + "q_proj.weight"], hf_layer[a + "k_proj.weight"], hf_layer[a + "v_proj.weight"], hf)
+        hf_layer[a + "q_proj.weight"], hf_layer[a + "k_proj.weight"], hf_layer[a + "v_proj.weight"], hf
+    )
     if qkv_bias(hf):
         out["self_attention.linear_qkv.bias"] = _fuse_qkv(
-            hf_layer[a + "q_proj.bias"], hf_layer[a + "k_proj.bias"], hf_layer[a + "v_proj.bias"], hf)
+            hf_layer[a + "q_proj.bias"], hf_layer[a + "k_proj.bias"], hf_layer[a + "v_proj.bias"], hf
+        )
     out["mlp.linear_fc1.weight"] = torch.cat([hf_layer["mlp.gate_proj.weight"], hf_layer["mlp.up_proj.weight"]])
     return out
 
@@ -181,22 +219,27 @@ def mcore_layer_to_hf(mc_layer: dict[str, Tensor], hf: Any) -> dict[str, Tensor]
 def hf_extras_to_mcore(hf_state: dict[str, Tensor], hf: Any, tp: int) -> dict[str, Tensor]:
     """Embedding, final norm and (untied) output head, full tensors, vocabulary padded."""
     rows = padded_vocab(hf.vocab_size, tp)
-    out = {"embedding.word_embeddings.weight": _pad_rows(hf_state["model.embed_tokens.weight"], rows),
-           "decoder.final_layernorm.weight": hf_state["model.norm.weight"]}
+    out = {
+        "embedding.word_embeddings.weight": _pad_rows(hf_state["model.embed_tokens.weight"], rows),
+        "decoder.final_layernorm.weight": hf_state["model.norm.weight"],
+    }
     if not hf.tie_word_embeddings:
         out["output_layer.weight"] = _pad_rows(hf_state["lm_head.weight"], rows)
     return out
 
 
 def mcore_extras_to_hf(mc: dict[str, Tensor], hf: Any) -> dict[str, Tensor]:
-    out = {"model.embed_tokens.weight": mc["embedding.word_embeddings.weight"][: hf.vocab_size],
-           "model.norm.weight": mc["decoder.final_layernorm.weight"]}
+    out = {
+        "model.embed_tokens.weight": mc["embedding.word_embeddings.weight"][: hf.vocab_size],
+        "model.norm.weight": mc["decoder.final_layernorm.weight"],
+    }
     if not hf.tie_word_embeddings:
         out["lm_head.weight"] = mc["output_layer.weight"][: hf.vocab_size]
     return out
 
 
 # ---- tensor-parallel shards ----------------------------------------------------------------------------------
+
 
 def tp_dim(name: str) -> int | None:
     """The dim `name` (a megatron name, with or without its layer prefix) is split on over TP ranks."""
@@ -228,6 +271,7 @@ def unshard(name: str, shards: list[Tensor]) -> Tensor:
 
 # ---- pipeline stages -----------------------------------------------------------------------------------------
 
+
 def stage_layers(hf: Any, pp: int, pp_rank: int) -> range:
     """Global layer indices held by pipeline stage pp_rank."""
     per = hf.num_hidden_layers // pp
@@ -240,23 +284,31 @@ def layer_owner(hf: Any, pp: int, layer: int) -> int:
 
 def hf_layer_tensors(hf_state: dict[str, Tensor], layer: int) -> dict[str, Tensor]:
     prefix = f"model.layers.{layer}."
-    return {k[len(prefix):]: v for k, v in hf_state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in hf_state.items() if k.startswith(prefix)}
 
 
-def local_state_from_hf(hf_state: dict[str, Tensor], hf: Any, tp: int, tp_rank: int, pp: int, pp_rank: int,
-                        tied_output: bool) -> dict[str, Tensor]:
+def local_state_from_hf(
+    hf_state: dict[str, Tensor], hf: Any, tp: int, tp_rank: int, pp: int, pp_rank: int, tied_output: bool
+) -> dict[str, Tensor]:
     """This (TP rank, PP stage)'s megatron state dict from full HF weights. `tied_output`: the stage holds the
     tied output weight (`output_layer.weight` on the last stage when the first is another one)."""
     out: dict[str, Tensor] = {}
     first, last = pp_rank == 0, pp_rank == pp - 1
     extras = hf_extras_to_mcore(hf_state, hf, tp)
     for name, full in extras.items():
-        if name.startswith("embedding.") and first or name.startswith("decoder.") and last or \
-                name.startswith("output_layer.") and last:
+        if (
+            name.startswith("embedding.")
+            and first
+            or name.startswith("decoder.")
+            and last
+            or name.startswith("output_layer.")
+            and last
+        ):
             out[name] = shard(name, full, tp_rank, tp)
     if tied_output:
-        out["output_layer.weight"] = shard("output_layer.weight", extras["embedding.word_embeddings.weight"],
-                                           tp_rank, tp)
+        out["output_layer.weight"] = shard(
+            "output_layer.weight", extras["embedding.word_embeddings.weight"], tp_rank, tp
+        )
     for local, layer in enumerate(stage_layers(hf, pp, pp_rank)):
         for suffix, full in hf_layer_to_mcore(hf_layer_tensors(hf_state, layer), hf).items():
             name = f"decoder.layers.{local}.{suffix}"
@@ -264,8 +316,9 @@ def local_state_from_hf(hf_state: dict[str, Tensor], hf: Any, tp: int, tp_rank: 
     return out
 
 
-def hf_from_full_mcore(layers: Iterable[tuple[int, dict[str, Tensor]]], extras: dict[str, Tensor],
-                       hf: Any) -> dict[str, Tensor]:
+def hf_from_full_mcore(
+    layers: Iterable[tuple[int, dict[str, Tensor]]], extras: dict[str, Tensor], hf: Any
+) -> dict[str, Tensor]:
     """HF weights from full (unsharded) megatron tensors: (global layer, {suffix: tensor}) and the extras."""
     out = mcore_extras_to_hf(extras, hf)
     for layer, tensors in layers:

@@ -18,8 +18,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 
-def vocab_parallel_scores(logits: Tensor, targets: Tensor, vocab_start: int, vocab_size: int,
-                          with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def vocab_parallel_scores(
+    logits: Tensor, targets: Tensor, vocab_start: int, vocab_size: int, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
     """logits [M, V/TP] (this rank's columns, starting at global id vocab_start), targets [M] global ids ->
     log softmax(logits)[targets] [M] and the entropy [M] (or None), over the full real vocabulary."""
     from megatron.core import parallel_state as ps
@@ -60,8 +61,9 @@ class MegatronScorer(nn.Module):
         super().__init__()
         self.module, self.vocab_size = gpt, vocab_size
 
-    def forward(self, input_ids: Tensor, select: Tensor, targets: Tensor, temperature: float,
-                with_entropy: bool) -> Tensor | tuple[Tensor, Tensor | None]:
+    def forward(
+        self, input_ids: Tensor, select: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
         from megatron.core import parallel_state as ps
 
         gpt = self.module
@@ -70,8 +72,14 @@ class MegatronScorer(nn.Module):
         # right-padded rows: causal attention alone keeps real tokens from seeing the padding after them
         mask = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
         decoder_input, rotary, cos, sin, offset = gpt._preprocess(input_ids=input_ids, position_ids=positions)[:5]
-        hidden = gpt.decoder(hidden_states=decoder_input, attention_mask=mask, rotary_pos_emb=rotary,
-                             rotary_pos_cos=cos, rotary_pos_sin=sin, sequence_len_offset=offset)
+        hidden = gpt.decoder(
+            hidden_states=decoder_input,
+            attention_mask=mask,
+            rotary_pos_emb=rotary,
+            rotary_pos_cos=cos,
+            rotary_pos_sin=sin,
+            sequence_len_offset=offset,
+        )
         if not gpt.post_process:
             return hidden
         # [L, B, H] -> the scored rows (row-major over [B, L], as yatt.trainers.packing numbers them)

@@ -32,12 +32,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
-from yatt.tensors import DTYPES, NamedTensors
+from yatt.models.vision import is_vision_model
+from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch
 from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
-from yatt.models.vision import is_vision_model
-from yatt.tensors import LossFn
-from yatt.tensors import TokenBatch
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets
 from yatt.trainers.packing import model_inputs
@@ -68,10 +66,20 @@ def read_hf_weights(folder: Path) -> dict[str, Tensor]:
 class MegatronTrainer:
     replicated = False
 
-    def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
-                 total_steps: int = 1, head: str = "lm", freeze_vision: bool = False):
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: TrainerConfig,
+        world: World,
+        trainable: bool = True,
+        total_steps: int = 1,
+        head: str = "lm",
+        freeze_vision: bool = False,
+    ):
         if head != "lm":
-            raise ValueError(f"trainer.backend=megatron has no {head!r} head (PPO's critic needs trainer.backend=torch)")
+            raise ValueError(
+                f"trainer.backend=megatron has no {head!r} head (PPO's critic needs trainer.backend=torch)"
+            )
         if freeze_vision or is_vision_model(model_path):
             raise ValueError(f"{model_path}: trainer.backend=megatron serves text models only")
         self.head = head
@@ -92,12 +100,21 @@ class MegatronTrainer:
             self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
             # the controller shards data by yatt.distributed.data_parallel_world, which assumes this order
             if self.dp_rank != (world.rank // self.tp) % self.dp_size:
-                raise RuntimeError(f"megatron placed rank {world.rank} at data-parallel rank {self.dp_rank}, not "
-                                   f"{(world.rank // self.tp) % self.dp_size} as yatt's data view assumes")
+                raise RuntimeError(
+                    f"megatron placed rank {world.rank} at data-parallel rank {self.dp_rank}, not "
+                    f"{(world.rank // self.tp) % self.dp_size} as yatt's data view assumes"
+                )
             self.gpt = mm.build_gpt(self._hf_config, self.tp, self.pp, self.pp_rank, self.dtype)
             tied_output = self._hf_config.tie_word_embeddings and self.pp > 1 and self.pp_rank == self.pp - 1
-            state = mm.local_state_from_hf(read_hf_weights(Path(model_path)), self._hf_config, self.tp,
-                                           self.tp_rank, self.pp, self.pp_rank, tied_output)
+            state = mm.local_state_from_hf(
+                read_hf_weights(Path(model_path)),
+                self._hf_config,
+                self.tp,
+                self.tp_rank,
+                self.pp,
+                self.pp_rank,
+                tied_output,
+            )
             self.gpt.load_state_dict({k: v.to(self.dtype) for k, v in state.items()}, strict=False)
             self._check_loaded(state)
             # megatron's parallel linears take params_dtype, its norms (torch RMSNorm) do not: cast the rest
@@ -113,8 +130,10 @@ class MegatronTrainer:
     def _check_loaded(self, state: dict[str, Tensor]) -> None:
         params = {k for k, _ in self.gpt.named_parameters()}
         if params != set(state):
-            raise ValueError(f"HF -> megatron mapping mismatch: missing {sorted(params - set(state))[:4]}, "
-                             f"unexpected {sorted(set(state) - params)[:4]}")
+            raise ValueError(
+                f"HF -> megatron mapping mismatch: missing {sorted(params - set(state))[:4]}, "
+                f"unexpected {sorted(set(state) - params)[:4]}"
+            )
 
     def _build_optimizer(self) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
@@ -123,15 +142,32 @@ class MegatronTrainer:
 
         cfg, config = self.cfg, self.gpt.config
         self.gpt.train()
-        self.model = DistributedDataParallel(config, DistributedDataParallelConfig(
-            overlap_grad_reduce=False, use_distributed_optimizer=True, grad_reduce_in_fp32=True), self.scorer)
+        self.model = DistributedDataParallel(
+            config,
+            DistributedDataParallelConfig(
+                overlap_grad_reduce=False, use_distributed_optimizer=True, grad_reduce_in_fp32=True
+            ),
+            self.scorer,
+        )
         # without these the data-parallel gradient all-reduce never runs (finalize) or runs every micro-batch
         config.finalize_model_grads_func = finalize_model_grads
         config.no_sync_func = self.model.no_sync
-        self.optimizer = get_megatron_optimizer(OptimizerConfig(
-            optimizer="adam", lr=cfg.lr, min_lr=0.0, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
-            adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.grad_clip, bf16=self.dtype == torch.bfloat16,
-            params_dtype=self.dtype, use_distributed_optimizer=True), [self.model])
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(
+                optimizer="adam",
+                lr=cfg.lr,
+                min_lr=0.0,
+                weight_decay=cfg.weight_decay,
+                adam_beta1=cfg.betas[0],
+                adam_beta2=cfg.betas[1],
+                adam_eps=1e-8,
+                clip_grad=cfg.grad_clip,
+                bf16=self.dtype == torch.bfloat16,
+                params_dtype=self.dtype,
+                use_distributed_optimizer=True,
+            ),
+            [self.model],
+        )
         self._set_lr(0)
 
     def _set_lr(self, step: int) -> float:
@@ -146,8 +182,9 @@ class MegatronTrainer:
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
         return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens, padded=True)
 
-    def _schedule(self, batch: TokenBatch, micro: list[list[int]], count: int, with_entropy: bool,
-                  loss_fn: LossFn | None) -> tuple[list[tuple[list[int], Tensor, Tensor | None]], dict[str, float]]:
+    def _schedule(
+        self, batch: TokenBatch, micro: list[list[int]], count: int, with_entropy: bool, loss_fn: LossFn | None
+    ) -> tuple[list[tuple[list[int], Tensor, Tensor | None]], dict[str, float]]:
         """Run `count` micro-batches (those past len(micro) are zero-loss passes that keep data-parallel ranks
         in step) through megatron's schedule; forward-only without loss_fn. Returns, on the last pipeline
         stage, (rows, logp [b, l-1], entropy) per real micro-batch and the loss_fn sums."""
@@ -189,9 +226,14 @@ class MegatronTrainer:
         width = max((len(batch.select(r).input_ids[0]) for r in micro), default=2)
         with compat.on_cpu():
             get_forward_backward_func()(
-                forward_step_func=step, data_iterator=iter(range(count)), model=[self.model],
-                num_microbatches=count, seq_length=width, micro_batch_size=max(map(len, micro), default=1),
-                forward_only=loss_fn is None)
+                forward_step_func=step,
+                data_iterator=iter(range(count)),
+                model=[self.model],
+                num_microbatches=count,
+                seq_length=width,
+                micro_batch_size=max(map(len, micro), default=1),
+                forward_only=loss_fn is None,
+            )
         return outputs, sums
 
     def _from_last_stage(self, obj: Any) -> Any:
@@ -201,8 +243,12 @@ class MegatronTrainer:
         from megatron.core import parallel_state as ps
 
         box = [obj]
-        dist.broadcast_object_list(box, src=ps.get_pipeline_model_parallel_last_rank(),
-                                   group=ps.get_pipeline_model_parallel_group(), device=self.world.device)
+        dist.broadcast_object_list(
+            box,
+            src=ps.get_pipeline_model_parallel_last_rank(),
+            group=ps.get_pipeline_model_parallel_group(),
+            device=self.world.device,
+        )
         return box[0]
 
     def _check_same_batch(self, batch: TokenBatch) -> None:
@@ -216,16 +262,26 @@ class MegatronTrainer:
         ids = batch.input_ids.double()
         weights = torch.arange(1, ids.numel() + 1, dtype=torch.float64).reshape(ids.shape)
         # on the device: megatron's groups are NCCL-only on GPUs
-        fingerprint = torch.tensor([float(ids.shape[0]), float(ids.shape[1]), float((ids * weights).sum()),
-                                    float(batch.mask.sum()), batch.temperature], dtype=torch.float64,
-                                   device=self.world.device)
+        fingerprint = torch.tensor(
+            [
+                float(ids.shape[0]),
+                float(ids.shape[1]),
+                float((ids * weights).sum()),
+                float(batch.mask.sum()),
+                batch.temperature,
+            ],
+            dtype=torch.float64,
+            device=self.world.device,
+        )
         low, high = fingerprint.clone(), fingerprint.clone()
         group = ps.get_model_parallel_group()
         dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
         dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
         if not torch.equal(low, high):
-            raise RuntimeError("the ranks of one tensor/pipeline-parallel group were handed different batches; "
-                               "they must train on the same samples (one data-parallel rank's)")
+            raise RuntimeError(
+                "the ranks of one tensor/pipeline-parallel group were handed different batches; "
+                "they must train on the same samples (one data-parallel rank's)"
+            )
 
     def _count(self, micro: list[list[int]]) -> int:
         return max(1, int(self.world.max([float(len(micro))])[0]))
@@ -236,8 +292,9 @@ class MegatronTrainer:
         with torch.no_grad():
             outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None)
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
-        for rows, logp, ent in self._from_last_stage([(r, lp.cpu(), e if e is None else e.cpu())
-                                                      for r, lp, e in outputs]):
+        for rows, logp, ent in self._from_last_stage(
+            [(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs]
+        ):
             index, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
             logps[index, width] = logp
             if with_entropy:
@@ -277,8 +334,9 @@ class MegatronTrainer:
     # ---- weights out -------------------------------------------------------------------------------------
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
         """Collective over the model-parallel group: every rank gets the whole policy, one bucket at a time."""
-        return gathered_buckets(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes,
-                                self.world.device)
+        return gathered_buckets(
+            self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes, self.world.device
+        )
 
     @property
     def hf_config(self) -> Any:
@@ -301,13 +359,19 @@ class MegatronTrainer:
     def state_dict(self) -> dict[str, Any]:
         """This rank's shard: its megatron parameters, and per optimizer its Adam state and float32 master
         weights (its 1/DP slice), the lr schedule's position."""
-        state: dict[str, Any] = {"model": {k: p.detach() for k, p in self.gpt.named_parameters()},
-                                 "optimizer_steps": self.optimizer_steps,
-                                 "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp_size}}
+        state: dict[str, Any] = {
+            "model": {k: p.detach() for k, p in self.gpt.named_parameters()},
+            "optimizer_steps": self.optimizer_steps,
+            "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp_size},
+        }
         if self.trainable:
-            state["optimizer"] = [{"inner": opt.optimizer.state_dict(), "main": [
-                p.detach() for group in getattr(opt, "shard_fp32_from_float16_groups", []) for p in group]}
-                for opt in self._optimizers()]
+            state["optimizer"] = [
+                {
+                    "inner": opt.optimizer.state_dict(),
+                    "main": [p.detach() for group in getattr(opt, "shard_fp32_from_float16_groups", []) for p in group],
+                }
+                for opt in self._optimizers()
+            ]
         return state
 
     @torch.no_grad()
@@ -333,11 +397,15 @@ class MegatronTrainer:
         """HF weights from one rank's snapshot: only possible when that shard is the whole model (TP=PP=1);
         a split model is exported with the collective save_hf."""
         if self.tp * self.pp != 1:
-            raise ValueError("checkpoint.export_hf needs the whole model in one shard (TP=PP=1); "
-                             "a split model is exported by save_hf")
+            raise ValueError(
+                "checkpoint.export_hf needs the whole model in one shard (TP=PP=1); "
+                "a split model is exported by save_hf"
+            )
         model = state["model"]
-        layers = [(i, {k.split(".", 3)[3]: v for k, v in model.items() if k.startswith(f"decoder.layers.{i}.")})
-                  for i in range(self._hf_config.num_hidden_layers)]
+        layers = [
+            (i, {k.split(".", 3)[3]: v for k, v in model.items() if k.startswith(f"decoder.layers.{i}.")})
+            for i in range(self._hf_config.num_hidden_layers)
+        ]
         return mm.hf_from_full_mcore(layers, model, self._hf_config)
 
     # ---- device ownership --------------------------------------------------------------------------------

@@ -34,24 +34,33 @@ def tp_gather(name: str, t: Tensor, tp: int) -> Tensor:
     return mm.unshard(name, shards)
 
 
-def _units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int
-           ) -> Iterator[tuple[int, int, dict[str, Tensor] | None]]:
+def _units(
+    gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int
+) -> Iterator[tuple[int, int, dict[str, Tensor] | None]]:
     """(owner stage, global layer, full megatron tensors or None if another stage owns them): the
     embedding, final norm and head first (owner and layer -1: every stage holds some), then each layer."""
     params = dict(gpt.named_parameters())
-    yield -1, -1, {name: tp_gather(name, params[name], tp) for name in _EXTRAS if name in params
-                   and not (name == "output_layer.weight" and hf.tie_word_embeddings)}
+    yield (
+        -1,
+        -1,
+        {
+            name: tp_gather(name, params[name], tp)
+            for name in _EXTRAS
+            if name in params and not (name == "output_layer.weight" and hf.tie_word_embeddings)
+        },
+    )
     for layer in range(hf.num_hidden_layers):
         owner = mm.layer_owner(hf, pp, layer)
         if owner != pp_rank:
             yield owner, layer, None
             continue
         prefix = f"decoder.layers.{layer - mm.stage_layers(hf, pp, owner).start}."
-        yield owner, layer, {k[len(prefix):]: tp_gather(k, p, tp) for k, p in params.items() if k.startswith(prefix)}
+        yield owner, layer, {k[len(prefix) :]: tp_gather(k, p, tp) for k, p in params.items() if k.startswith(prefix)}
 
 
-def hf_units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, device: torch.device
-             ) -> Iterator[dict[str, Tensor]]:
+def hf_units(
+    gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, device: torch.device
+) -> Iterator[dict[str, Tensor]]:
     """The policy as HF tensors, one unit at a time, on every rank of the model-parallel group."""
     from megatron.core import parallel_state as ps
 
@@ -72,8 +81,9 @@ def hf_units(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, device: to
         yield {f"model.layers.{layer}.{k}": v for k, v in mm.mcore_layer_to_hf(tensors, hf).items()}
 
 
-def gathered_buckets(gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, bucket_bytes: int,
-                     device: torch.device) -> Iterator[NamedTensors]:
+def gathered_buckets(
+    gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, bucket_bytes: int, device: torch.device
+) -> Iterator[NamedTensors]:
     """Buckets of about `bucket_bytes` of whole units (a unit larger than that is a bucket alone)."""
     bucket: NamedTensors = []
     size = 0

@@ -80,8 +80,9 @@ def model_inputs(mb: TokenBatch, packed: bool, share_prompts: bool = False) -> M
     targets = mb.input_ids[rows, cols + 1]
     count, width = mb.input_ids.shape
     if not packed:
-        return ModelInputs({"input_ids": mb.input_ids, "attention_mask": mb.attention_mask}, rows * width + cols,
-                           targets, rows, cols)
+        return ModelInputs(
+            {"input_ids": mb.input_ids, "attention_mask": mb.attention_mask}, rows * width + cols, targets, rows, cols
+        )
     device, lengths = mb.input_ids.device, mb.attention_mask.sum(dim=1)
     shares = shared_prompts(mb) if share_prompts else [0] * count
     first = list(range(count))  # the row whose tokens a shared prompt is: its group's first
@@ -99,19 +100,29 @@ def model_inputs(mb: TokenBatch, packed: bool, share_prompts: bool = False) -> M
     owner = real & ~is_shared  # the packed row, in row-major order: token_index[owner] == arange(N)
     longest = int(lengths.max()) if count else 0
     slots = torch.arange(count, device=device)[:, None] * longest + positions
-    layout = PackedLayout(gather=torch.where(real, token_index, 0)[:, :longest].flatten(), scatter=slots[owner],
-                          count=count, width=longest)
-    kwargs = {"input_ids": mb.input_ids[owner][None], "position_ids": positions[owner][None],
-              "packed_layout": layout}
+    layout = PackedLayout(
+        gather=torch.where(real, token_index, 0)[:, :longest].flatten(),
+        scatter=slots[owner],
+        count=count,
+        width=longest,
+    )
+    kwargs = {"input_ids": mb.input_ids[owner][None], "position_ids": positions[owner][None], "packed_layout": layout}
     if not any(shares):  # what flash-attention's varlen kernel reads (no use for shared prompts)
         cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
     return ModelInputs(kwargs, token_index[rows, cols], targets, rows, cols)
 
 
-def packed_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                     attention_mask: Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     **kwargs: Any) -> tuple[Tensor, None]:
+def packed_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
     """Causal attention within each sample's own sequence. query [1, H, N, D], key/value [1, Hkv, N, D] ->
     ([1, N, H, D], None), as transformers' attention functions return."""
     layout: PackedLayout | None = kwargs.pop("packed_layout", None)
@@ -123,10 +134,11 @@ def packed_attention(module: torch.nn.Module, query: Tensor, key: Tensor, value:
         h, d = x.shape[1], x.shape[3]
         return x[0].index_select(1, gather).view(h, layout.count, layout.width, d).transpose(0, 1)
 
-    out, _ = sdpa_attention_forward(module, pad(query), pad(key), pad(value), None, dropout, scaling,
-                                    is_causal=True)
+    out, _ = sdpa_attention_forward(module, pad(query), pad(key), pad(value), None, dropout, scaling, is_causal=True)
     # out: [B, width, H, D] -> the packed rows [1, N, H, D]
-    return out.reshape(layout.count * layout.width, *out.shape[2:]).index_select(0, layout.scatter.to(out.device))[None], None
+    return out.reshape(layout.count * layout.width, *out.shape[2:]).index_select(0, layout.scatter.to(out.device))[
+        None
+    ], None
 
 
 def _mask(*args: Any, attention_mask: Tensor | None = None, **kwargs: Any) -> Tensor | None:
@@ -141,6 +153,7 @@ def attention_implementation(device: torch.device, share_prompts: bool = False) 
     if device.type == "cuda" and not share_prompts:
         try:
             import flash_attn  # noqa: F401
+
             return "flash_attention_2"
         except ImportError:
             pass

@@ -20,8 +20,9 @@ from torch.utils.checkpoint import checkpoint
 from yatt.algorithms import entropy_from_logits, token_logprobs
 
 
-def _chunk_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                  with_entropy: bool) -> tuple[Tensor, Tensor] | Tensor:
+def _chunk_scores(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor] | Tensor:
     logits = F.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -29,16 +30,23 @@ def _chunk_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: 
     return (logp, entropy_from_logits(logits)) if with_entropy else logp
 
 
-def head_scores(hidden: Tensor, head: nn.Linear, targets: Tensor, temperature: float, with_entropy: bool,
-                chunk_tokens: int) -> tuple[Tensor, Tensor | None]:
+def head_scores(
+    hidden: Tensor, head: nn.Linear, targets: Tensor, temperature: float, with_entropy: bool, chunk_tokens: int
+) -> tuple[Tensor, Tensor | None]:
     """log softmax(head(hidden) / T)[targets] (and the entropy) for hidden [M, H], targets [M] -> [M]."""
     chunk = chunk_tokens if chunk_tokens > 0 else max(len(hidden), 1)
     recompute = torch.is_grad_enabled() and hidden.requires_grad and chunk < len(hidden)
     logps, ents = [], []
     # at least one (maybe empty) chunk: an empty micro-batch still reaches every weight, which DDP needs
     for start in range(0, max(len(hidden), 1), chunk):
-        args = (hidden[start:start + chunk], head.weight, head.bias, targets[start:start + chunk], temperature,
-                with_entropy)
+        args = (
+            hidden[start : start + chunk],
+            head.weight,
+            head.bias,
+            targets[start : start + chunk],
+            temperature,
+            with_entropy,
+        )
         out = checkpoint(_chunk_scores, *args, use_reentrant=False) if recompute else _chunk_scores(*args)
         logp, ent = out if with_entropy else (out, None)
         logps.append(logp)
@@ -57,18 +65,22 @@ class TokenScorer(nn.Module):
         super().__init__()
         config = lm.config
         if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
-            raise ValueError(f"{type(lm).__name__} transforms its logits after the output head "
-                             "(softcapping or a logit scale), which yatt's trainer does not reproduce")
+            raise ValueError(
+                f"{type(lm).__name__} transforms its logits after the output head "
+                "(softcapping or a logit scale), which yatt's trainer does not reproduce"
+            )
         self.lm, self.chunk_tokens = lm, chunk_tokens
 
-    def forward(self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float,
-                with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    def forward(
+        self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
         if "image_slots" in model_kwargs:
             model_kwargs = self._merge_images(dict(model_kwargs))
         hidden = self.lm.get_decoder()(**model_kwargs, use_cache=False).last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, select)
-        return head_scores(hidden, self.lm.get_output_embeddings(), targets, temperature, with_entropy,
-                           self.chunk_tokens)
+        return head_scores(
+            hidden, self.lm.get_output_embeddings(), targets, temperature, with_entropy, self.chunk_tokens
+        )
 
     def _merge_images(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A vision-language model's decoder inputs: token embeddings with the vision tower's features in the
@@ -84,6 +96,7 @@ class TokenScorer(nn.Module):
         kwargs["inputs_embeds"] = embeds.masked_scatter(slots[..., None].expand_as(embeds), features)
         return kwargs
 
+
 class ValueScorer(nn.Module):
     """A one-label token-classification model (decoder + scalar head) seen as (model inputs, scored positions)
     -> per-token values [M], float32: the call of `TokenScorer`, so the trainer runs a critic and a policy
@@ -92,12 +105,15 @@ class ValueScorer(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         if model.config.num_labels != 1:
-            raise ValueError(f"a value model needs one output per token, {type(model).__name__} has "
-                             f"num_labels={model.config.num_labels}")
+            raise ValueError(
+                f"a value model needs one output per token, {type(model).__name__} has "
+                f"num_labels={model.config.num_labels}"
+            )
         self.model = model
 
-    def forward(self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float,
-                with_entropy: bool) -> tuple[Tensor, None]:
+    def forward(
+        self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+    ) -> tuple[Tensor, None]:
         if with_entropy:
             raise ValueError("a value model has no entropy")
         scores = self.model(**model_kwargs, use_cache=False).logits  # [rows, width, 1]: one scalar per position

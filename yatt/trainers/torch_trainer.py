@@ -13,9 +13,9 @@ inputs with the ids; the vision tower trains unless `freeze_vision`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -26,10 +26,8 @@ from transformers import AutoConfig, AutoModelForTokenClassification
 from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
-from yatt.tensors import DTYPES, NamedTensors, weight_buckets
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
-from yatt.tensors import LossFn
-from yatt.tensors import TokenBatch
+from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_buckets
 from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer
 
@@ -72,14 +70,23 @@ class TorchTrainer:
 
     replicated = True
 
-    def __init__(self, model_path: str | Path, cfg: TrainerConfig, world: World, trainable: bool = True,
-                 total_steps: int = 1, head: str = "lm", freeze_vision: bool = False):
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: TrainerConfig,
+        world: World,
+        trainable: bool = True,
+        total_steps: int = 1,
+        head: str = "lm",
+        freeze_vision: bool = False,
+    ):
         self.cfg, self.world, self.trainable, self.head = cfg, world, trainable, head
         self.vision = is_vision_model(model_path)
         self.packed = cfg.pack_sequences and not self.vision
         self.share_prompts = self.packed and cfg.share_prompts
-        extra = ({"attn_implementation": attention_implementation(world.device, self.share_prompts)} if self.packed
-                 else {})
+        extra = (
+            {"attn_implementation": attention_implementation(world.device, self.share_prompts)} if self.packed else {}
+        )
         self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
         self.frozen = set()  # parameters that never train (the vision tower with freeze_vision)
         if self.vision and freeze_vision:
@@ -87,8 +94,7 @@ class TorchTrainer:
                 if vision_parameter(name):
                     p.requires_grad_(False)
                     self.frozen.add(name)
-        self.scorer = (TokenScorer(self.module, cfg.logprob_chunk_tokens) if head == "lm"
-                       else ValueScorer(self.module))
+        self.scorer = TokenScorer(self.module, cfg.logprob_chunk_tokens) if head == "lm" else ValueScorer(self.module)
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
@@ -102,22 +108,33 @@ class TorchTrainer:
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
             # gradients as views into DDP's all-reduce buckets: one copy of the gradients, not two
             # buffers (e.g. rotary frequencies) never change: no sync before every forward
-            self.model = DistributedDataParallel(self.scorer, device_ids=device_ids, gradient_as_bucket_view=True,
-                                                 forward_sync_buffers=False)
-        self.optimizer = torch.optim.AdamW([p for p in self.module.parameters() if p.requires_grad], lr=cfg.lr,
-                                           betas=cfg.betas,
-                                           weight_decay=cfg.weight_decay)
+            self.model = DistributedDataParallel(
+                self.scorer, device_ids=device_ids, gradient_as_bucket_view=True, forward_sync_buffers=False
+            )
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.module.parameters() if p.requires_grad],
+            lr=cfg.lr,
+            betas=cfg.betas,
+            weight_decay=cfg.weight_decay,
+        )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: lr_factor(step, cfg, total_steps))
+            self.optimizer, lambda step: lr_factor(step, cfg, total_steps)
+        )
 
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
         """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (the packed
         row's tokens when packed, a shared prompt once; padded slots when not)."""
-        return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens,
-                                padded=not self.packed, shared=shared_prompts(batch) if self.share_prompts else None)
+        return micro_batch_rows(
+            batch.lengths(),
+            self.cfg.micro_batch_size,
+            self.cfg.micro_batch_tokens,
+            padded=not self.packed,
+            shared=shared_prompts(batch) if self.share_prompts else None,
+        )
 
-    def _token_outputs(self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
-                       ) -> tuple[Tensor, Tensor | None]:
+    def _token_outputs(
+        self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of mb's response tokens under softmax(logits / mb.temperature): [B, L-1],
         zero outside mb.mask."""
         inputs = model_inputs(mb, self.packed, self.share_prompts)
@@ -127,10 +144,14 @@ class TorchTrainer:
             # image features go into the prompts' placeholders only, never into a response token that is one
             response = torch.zeros_like(mb.attention_mask, dtype=torch.bool)
             response[:, 1:] = mb.mask.bool()
-            inputs.kwargs["image_slots"] = ((mb.input_ids == self.module.config.image_token_id) & ~response
-                                            & mb.attention_mask.bool())
-        autocast = (torch.autocast(self.world.device.type, dtype=torch.bfloat16) if self.cfg.autocast == "bfloat16"
-                    else nullcontext())
+            inputs.kwargs["image_slots"] = (
+                (mb.input_ids == self.module.config.image_token_id) & ~response & mb.attention_mask.bool()
+            )
+        autocast = (
+            torch.autocast(self.world.device.type, dtype=torch.bfloat16)
+            if self.cfg.autocast == "bfloat16"
+            else nullcontext()
+        )
         with autocast:
             logp, ent = model(inputs.kwargs, inputs.select, inputs.targets, mb.temperature, with_entropy)
 
@@ -191,15 +212,20 @@ class TorchTrainer:
                 loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad],
-                                                         self.cfg.grad_clip))
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad], self.cfg.grad_clip)
+        )
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.optimizer_steps += 1
-        return {**sums, "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0],
-                "skipped": float(not math.isfinite(grad_norm))}
+        return {
+            **sums,
+            "grad_norm": grad_norm,
+            "lr": self.scheduler.get_last_lr()[0],
+            "skipped": float(not math.isfinite(grad_norm)),
+        }
 
     def _zero_loss(self) -> Tensor:
         """A pass through every parameter with zero gradient: keeps DDP in step on a rank out of data."""

@@ -128,8 +128,11 @@ def _tensor_from(ph: dict[str, Any], buffers: Sequence[memoryview], used: set[in
         raise MalformedMessage(f"bad or reused tensor buffer index {idx!r}")
     if dtype_name not in _DTYPES:
         raise MalformedMessage(f"unknown tensor dtype {dtype_name!r}")
-    if (not isinstance(shape, list) or len(shape) > MAX_NDIM
-            or not all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)):
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_NDIM
+        or not all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)
+    ):
         raise MalformedMessage(f"bad tensor shape {str(shape)[:200]}")
     dtype = _DTYPES[dtype_name]
     itemsize = torch.empty((), dtype=dtype).element_size()
@@ -156,8 +159,9 @@ def check_size(frames: Sequence[Buffer], max_frames: int | None, max_bytes: int 
             raise MessageTooLarge(f"{total} bytes (at most {max_bytes})")
 
 
-def decode(frames: Sequence[Buffer], secret: bytes, max_frames: int | None = None,
-           max_bytes: int | None = None) -> dict[str, Any]:
+def decode(
+    frames: Sequence[Buffer], secret: bytes, max_frames: int | None = None, max_bytes: int | None = None
+) -> dict[str, Any]:
     """Verify and decode frames made by `encode`; raises MessageTooLarge/AuthenticationError/MalformedMessage."""
     check_size(frames, max_frames, max_bytes)
     views = [memoryview(f).cast("B") for f in frames]

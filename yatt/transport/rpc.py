@@ -19,9 +19,9 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-from collections import OrderedDict
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -49,9 +49,16 @@ class RpcServer:
     allows it, replies, and then ends ``serve_forever``.
     """
 
-    def __init__(self, handler_object: Any, secret: bytes, host: str = "127.0.0.1", port: int = 0,
-                 max_frames: int = MAX_FRAMES, max_message_bytes: int = MAX_MESSAGE_BYTES,
-                 advertise: str | None = None) -> None:
+    def __init__(
+        self,
+        handler_object: Any,
+        secret: bytes,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frames: int = MAX_FRAMES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        advertise: str | None = None,
+    ) -> None:
         """`host` is the address to bind (loopback, 0.0.0.0 or one interface's address); `advertise` the
         address other processes reach it at (default: `host`, which must then not be a wildcard)."""
         if host in ("0.0.0.0", "::", "*") and not advertise:
@@ -68,8 +75,8 @@ class RpcServer:
         secure_server(self._sock, keys)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)  # per frame: ZMQ drops the peer beyond it
         self._monitor = self._sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
         bind_host = f"[{host}]" if ":" in host else host
         if port == 0:
             port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
@@ -91,8 +98,13 @@ class RpcServer:
         self._stop.set()
 
     def rpc_stats(self) -> dict[str, int]:
-        return {"rejected": self.rejected, "replayed": self.replayed, "refused_handshakes": self.refused_handshakes,
-                "denied": self.denied, "served": self.served}
+        return {
+            "rejected": self.rejected,
+            "replayed": self.replayed,
+            "refused_handshakes": self.refused_handshakes,
+            "denied": self.denied,
+            "served": self.served,
+        }
 
     def serve_forever(self, poll_ms: int = 100) -> None:
         """Handle requests until ``shutdown`` is called or ``stop()`` is set."""
@@ -125,8 +137,13 @@ class RpcServer:
             return  # no reply: an unauthenticated peer learns nothing
         rid, method, kwargs = req.get("id"), req.get("method"), req.get("kwargs", {})
         session, seq = req.get("session"), req.get("seq")
-        if (type(rid) is not int or not isinstance(method, str) or not isinstance(kwargs, dict)
-                or not isinstance(session, str) or type(seq) is not int):
+        if (
+            type(rid) is not int
+            or not isinstance(method, str)
+            or not isinstance(kwargs, dict)
+            or not isinstance(session, str)
+            or type(seq) is not int
+        ):
             self._reject("request envelope must be {id: int, method: str, kwargs: dict, session: str, seq: int}")
             if type(rid) is int:
                 self._reply(ident, {"id": rid, "ok": False, "error": "MalformedMessage: bad envelope"})
@@ -155,8 +172,12 @@ class RpcServer:
         seen = self._sessions.get(session)
         if seen is not None and (seen[0] != ident or seq <= seen[1]):
             self.replayed += 1
-            log.warning("rpc: refused a replayed or reordered message (session %s, seq %d); %d so far",
-                        session[:8], seq, self.replayed)
+            log.warning(
+                "rpc: refused a replayed or reordered message (session %s, seq %d); %d so far",
+                session[:8],
+                seq,
+                self.replayed,
+            )
             return False
         self._sessions[session] = (ident, seq)
         self._sessions.move_to_end(session)
@@ -201,11 +222,7 @@ class RpcClient:
     """
 
     def __init__(
-        self,
-        endpoint: str,
-        secret: bytes,
-        timeout_s: float = 600.0,
-        liveness: Callable[[], None] | None = None,
+        self, endpoint: str, secret: bytes, timeout_s: float = 600.0, liveness: Callable[[], None] | None = None
     ) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
@@ -228,8 +245,13 @@ class RpcClient:
         self._session, self._seq = os.urandom(16).hex(), itertools.count(1)
 
     def envelope(self, method: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {"id": next(self._ids), "method": method, "kwargs": kwargs, "session": self._session,
-                "seq": next(self._seq)}
+        return {
+            "id": next(self._ids),
+            "method": method,
+            "kwargs": kwargs,
+            "session": self._session,
+            "seq": next(self._seq),
+        }
 
     def call(self, method: str, timeout_s: float | None = None, **kwargs: Any) -> Any:
         """Call ``method(**kwargs)`` remotely; raises RemoteError, TimeoutError or TransportError."""

@@ -48,8 +48,10 @@ def parse_secret(text: str, where: str) -> bytes:
     except ValueError:
         secret = b""
     if len(secret) < 16:
-        raise RunSecretError(f"{where}: the run secret must be at least 32 hex characters "
-                             "(e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`)")
+        raise RunSecretError(
+            f"{where}: the run secret must be at least 32 hex characters "
+            "(e.g. from `python -c 'import secrets; print(secrets.token_hex(32))'`)"
+        )
     return secret
 
 
@@ -97,10 +99,13 @@ def run_secret(world: World, run_dir: Path, env: Mapping[str, str] = os.environ)
     if secret is None:
         if not path.exists():
             raise RunSecretError(
-                f"rank {world.rank}: no run secret: {path} does not exist here (nodes do not share the run directory?); "
-                f"export the same {SECRET_ENV} or {SECRET_FILE_ENV} on every node")
+                f"rank {world.rank}: no run secret: {path} does not exist here (nodes do not share the run "
+                f"directory?); export the same {SECRET_ENV} or {SECRET_FILE_ENV} on every node"
+            )
         secret = read_secret_file(path)
     if fingerprint(secret) != expected:
-        raise RunSecretError(f"rank {world.rank}: this rank's run secret differs from rank 0's; "
-                             f"export the same {SECRET_ENV} (or {SECRET_FILE_ENV}) on every node")
+        raise RunSecretError(
+            f"rank {world.rank}: this rank's run secret differs from rank 0's; "
+            f"export the same {SECRET_ENV} (or {SECRET_FILE_ENV}) on every node"
+        )
     return secret
