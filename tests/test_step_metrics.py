@@ -98,18 +98,27 @@ def test_a_rank_without_samples_joins_the_reductions_with_zeros():
     assert m["reward/mean"] == 0.0 and m["balance/imbalance_before"] == 1.0
 
 
+def _minis(count, group, epochs, per_epoch, step, rank):
+    cfg = SimpleNamespace(
+        rollout=SimpleNamespace(group_size=group),
+        algorithm=SimpleNamespace(ppo_epochs=epochs, mini_batches=per_epoch),
+        run=SimpleNamespace(seed=1),
+    )
+    return mini_batches(count, cfg, step, rank)
+
+
 def test_mini_batches_keep_groups_whole_and_give_every_rank_the_same_count():
-    epochs = mini_batches(12, 3, epochs=2, per_epoch=2, run_seed=1, step=5, rank=0)
+    epochs = _minis(12, 3, 2, 2, step=5, rank=0)
     assert len(epochs) == 2 and all(len(minis) == 2 for minis in epochs)
     for minis in epochs:
         rows = torch.cat(minis)
         assert sorted(rows.tolist()) == list(range(12))  # every row once per epoch
         for mini in minis:
             assert all(set(range(r - r % 3, r - r % 3 + 3)) <= set(mini.tolist()) for r in mini.tolist())
-    again = mini_batches(12, 3, epochs=2, per_epoch=2, run_seed=1, step=5, rank=0)
+    again = _minis(12, 3, 2, 2, step=5, rank=0)
     assert all(torch.equal(a, b) for ea, eb in zip(epochs, again) for a, b in zip(ea, eb))  # seeded
-    other_steps = [mini_batches(12, 3, epochs=2, per_epoch=2, run_seed=1, step=s, rank=0) for s in range(6, 12)]
+    other_steps = [_minis(12, 3, 2, 2, step=s, rank=0) for s in range(6, 12)]
     assert any(not torch.equal(torch.cat(o[0]), torch.cat(epochs[0])) for o in other_steps)
     # a rank holding fewer groups than mini-batches still takes part in every optimizer step (an empty chunk)
-    few = mini_batches(3, 3, epochs=1, per_epoch=2, run_seed=1, step=5, rank=1)
+    few = _minis(3, 3, 1, 2, step=5, rank=1)
     assert [len(m) for m in few[0]] == [3, 0]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from yatt.config import RolloutConfig
 from yatt.controllers.rollouts import group_rollouts
 from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
@@ -183,6 +184,20 @@ def generate_and_judge(
         for key, value in pool.take_metrics(prefix).items():
             stats.pools[key] = stats.pools.get(key, 0.0) + value
     return rollouts, stats
+
+
+def sampling_specs(rollout: RolloutConfig, eos: int) -> tuple[SamplingSpec, SamplingSpec]:
+    """The step's sampling (G samples with log-probs) and the greedy decoding of evaluation and ReMax."""
+    sampling = SamplingSpec(
+        n=rollout.group_size,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        max_tokens=rollout.max_new_tokens,
+        stop_token_ids=[eos],
+        logprobs=True,
+    )
+    greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=rollout.max_new_tokens, stop_token_ids=[eos], logprobs=False)
+    return sampling, greedy
 
 
 def assign_rewards(rollouts: list[Rollout], mode: str, judge_weights: dict[str, float], rule_weight: float) -> None:

@@ -42,6 +42,10 @@ class StageTimer:
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
 
 def step_reductions(
     cfg: ExperimentConfig,

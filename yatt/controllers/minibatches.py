@@ -8,26 +8,22 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from yatt.config import ExperimentConfig
 from yatt.distributed import World
 from yatt.tensors import TokenBatch
 
 
-def mini_batches(
-    count: int, group_size: int, epochs: int, per_epoch: int, *, run_seed: int, step: int, rank: int
-) -> list[list[Tensor]]:
-    """Rows of each optimizer step, per epoch: `epochs` x `per_epoch` chunks of whole groups of `count` rows, in
-    an order seeded by (run, step, rank); exactly `per_epoch` chunks (some maybe empty) on every rank, as ranks
-    hold different group counts."""
-    generator = torch.Generator().manual_seed(run_seed * 7919 + step * 31 + rank)
+def mini_batches(count: int, cfg: ExperimentConfig, step: int, rank: int) -> list[list[Tensor]]:
+    """Rows of each optimizer step, per epoch: algorithm.ppo_epochs x algorithm.mini_batches chunks of whole
+    groups (rollout.group_size) of `count` rows, in an order seeded by (run, step, rank); exactly mini_batches
+    chunks (some maybe empty) on every rank, as ranks hold different group counts."""
+    group = cfg.rollout.group_size
+    generator = torch.Generator().manual_seed(cfg.run.seed * 7919 + step * 31 + rank)
     out = []
-    for _ in range(epochs):
-        order = torch.randperm(count // group_size, generator=generator)
-        out.append(
-            [
-                (chunk[:, None] * group_size + torch.arange(group_size)).flatten()
-                for chunk in torch.tensor_split(order, per_epoch)
-            ]
-        )
+    for _ in range(cfg.algorithm.ppo_epochs):
+        order = torch.randperm(count // group, generator=generator)
+        chunks = torch.tensor_split(order, cfg.algorithm.mini_batches)
+        out.append([(chunk[:, None] * group + torch.arange(group)).flatten() for chunk in chunks])
     return out
 
 

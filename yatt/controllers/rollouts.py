@@ -85,12 +85,12 @@ def score_rollouts(rollouts: list[Rollout]) -> None:
 def set_greedy_baselines(
     rollouts: list[Rollout],
     pool: EnginePool,
+    greedy: SamplingSpec,
+    group_size: int,
     rows: list[PromptRow],
     prompt_ids: list[list[int]],
     images: list[PromptImages | None],
-    greedy: SamplingSpec,
     tokenizer,
-    group_size: int,
 ) -> None:
     """ReMax, in place: one greedy response per prompt, generated right after its group and scored by the rule
     verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""

@@ -22,7 +22,7 @@ from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
 from yatt.controllers.dynamic_sampling import DynamicSampler, in_groups, reduce_metrics
 from yatt.controllers.evaluation import evaluate_greedy
-from yatt.controllers.generation import GenerationStats, assign_rewards, generate_placed
+from yatt.controllers.generation import GenerationStats, assign_rewards, generate_placed, sampling_specs
 from yatt.controllers.images import load_batch_images
 from yatt.controllers.metrics import STAGES, StageTimer, step_metrics, step_reductions
 from yatt.controllers.minibatches import mini_batches
@@ -32,7 +32,6 @@ from yatt.data.prepare import RankData, load_rank_data
 from yatt.data.rollout import Rollout
 from yatt.data.stream import PromptStream
 from yatt.distributed import World
-from yatt.engines.base import SamplingSpec
 from yatt.genrm.judge import Judge
 from yatt.models.vision import ImageInputs, is_vision_model
 from yatt.placement.engine_lifecycle import ROLLOUT
@@ -62,9 +61,8 @@ class ControllerShard:
         self.engines, self.algorithm, self.critic = parts.engines, parts.algorithm, parts.critic
         self.prompts_per_rank = cfg.data.prompts_per_step // self.world.size
         data = data or load_rank_data(cfg, self.world, self.tokenizer)
-        self.train_stream = PromptStream(
-            data.train, seed=cfg.run.seed * 1009 + self.world.rank, shuffle=cfg.data.shuffle
-        )
+        seed = cfg.run.seed * 1009 + self.world.rank
+        self.train_stream = PromptStream(data.train, seed=seed, shuffle=cfg.data.shuffle)
         self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids
         # a VL policy's processor: a step reads and encodes its image rows when it starts (yatt.controllers.images)
         self.image_inputs = ImageInputs(cfg.model.path) if is_vision_model(cfg.model.path) else None
@@ -75,28 +73,12 @@ class ControllerShard:
         self.last_eval, self.last_rollouts = [], []
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
         self.schedule = GenerationSchedule(cfg.placement, self.devices.size)
-        self.placement = DeviceOwnership(
-            {
-                **self.engines.device_roles(),
-                "train": HookRole(
-                    lambda: [t.offload() for t in self._trainers()], lambda: [t.onload() for t in self._trainers()]
-                ),
-            },
-            initial_owner="rollout",
-        )
-        dynamic, r, eos = cfg.algorithm.dynamic_sampling, cfg.rollout, self.tokenizer.eos_token_id
+        trainers = self._trainers
+        train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
+        self.placement = DeviceOwnership({**self.engines.device_roles(), "train": train}, initial_owner="rollout")
+        dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
-        self.sampling = SamplingSpec(
-            n=r.group_size,
-            temperature=r.temperature,
-            top_p=r.top_p,
-            max_tokens=r.max_new_tokens,
-            stop_token_ids=[eos],
-            logprobs=True,
-        )
-        self.greedy = SamplingSpec(
-            n=1, temperature=0.0, max_tokens=r.max_new_tokens, stop_token_ids=[eos], logprobs=False
-        )
+        self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id)
         self.samples_trained = self.last_step = 0
 
     def _trainers(self):
@@ -128,10 +110,8 @@ class ControllerShard:
         if self.sampler is None:
             rollouts, sampling_metrics = generate(self.prompts_per_rank, 0), {}
         else:  # rounds until prompts_per_rank groups with reward variance (or max_rounds)
-            groups, counts = self.sampler.collect(
-                self.prompts_per_rank,
-                lambda count, round_: in_groups(generate(count, round_), self.cfg.rollout.group_size),
-            )
+            group = self.cfg.rollout.group_size
+            groups, counts = self.sampler.collect(self.prompts_per_rank, lambda n, r: in_groups(generate(n, r), group))
             rollouts, sampling_metrics = [r for group in groups for r in group], reduce_metrics(self.world, counts)
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
@@ -141,27 +121,19 @@ class ControllerShard:
     def consume(self, rollouts: list[Rollout], step: int, timer: StageTimer) -> tuple[dict, dict]:
         """rebalance -> logprobs -> advantages -> update -> sync: the step's training metrics, and the
         balance plan's ({} with balancing off)."""
-        cfg, algo = self.cfg, self.algorithm
+        cfg, algo, world = self.cfg, self.algorithm, self.world
         with timer("balance"):
-            trained, plan = rebalance_groups(self.world, rollouts, cfg.balance, cfg.rollout.group_size)
+            trained, plan = rebalance_groups(world, rollouts, cfg.balance, cfg.rollout.group_size)
         with self.placement.own("train"):
             batch = token_batch(trained, self.tokenizer.pad_token_id, cfg.rollout.temperature)
-            minis = mini_batches(
-                len(batch),
-                cfg.rollout.group_size,
-                cfg.algorithm.ppo_epochs,
-                cfg.algorithm.mini_batches,
-                run_seed=cfg.run.seed,
-                step=step,
-                rank=self.world.rank,
-            )
+            minis = mini_batches(len(batch), cfg, step, world.rank)
             policy_trains = self.critic is None or not self.critic.warming_up(step)  # critic.warmup_steps
             with timer("logprobs"):
                 old_lp, entropy = old_logprobs(self.trainer, algo, batch, minis[0], self.ref is not None, policy_trains)
                 ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
                 values = self.critic.values(batch) if self.critic else None
             with timer("advantages"):
-                inp = advantage_input(trained, batch, old_lp, ref_lp, values, algo, cfg.rollout.group_size, self.world)
+                inp = advantage_input(trained, batch, old_lp, ref_lp, values, algo, cfg.rollout.group_size, world)
                 advantages, returns = algo.advantages(inp)
             batch.extras.update(old_logprobs=old_lp, advantages=advantages)
             if ref_lp is not None:
@@ -170,34 +142,23 @@ class ControllerShard:
                 batch.extras.update(values=values, returns=self.critic.targets(inp, returns))
             with timer("update"):
                 critic_update = self.critic.update(batch, minis) if self.critic else None
-                update = policy_update(
-                    self.trainer,
-                    algo,
-                    self.world,
-                    batch,
-                    minis if policy_trains else [],
-                    entropy,
-                    norm_length=cfg.rollout.max_new_tokens,
-                )
+                epochs, norm = (minis if policy_trains else []), cfg.rollout.max_new_tokens
+                update = policy_update(self.trainer, algo, world, batch, epochs, entropy, norm)
         if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
             with timer("sync"), self.placement.own("rollout"):
                 self.engines.push_policy()
         self.samples_trained += len(trained)
         sums, peaks = step_reductions(cfg, algo.stats, trained, batch, entropy, ref_lp, update, timer.seconds)
-        metrics = step_metrics(
-            cfg, algo.stats, self.world.size, summed(self.world, sums), maxed(self.world, peaks), update
-        )
+        metrics = step_metrics(cfg, algo.stats, world.size, summed(world, sums), maxed(world, peaks), update)
         if self.critic is not None:
             metrics.update(self.critic.metrics(batch, critic_update, warming_up=not policy_trains))
         # after the update: with old_logprobs=reuse its first forwards filled in the on-policy rows' log-probs
-        metrics.update(algo.mismatch_metrics(batch, self.world))
+        metrics.update(algo.mismatch_metrics(batch, world))
         metrics["actor/kl_coef"] = algo.kl_coef  # the coefficient this step used
         algo.kl_control.update(metrics["actor/kl_ref"], metrics["rollout/samples"])
         return metrics, plan.metrics() if plan else {}
 
-    def _generate_round(
-        self, step: int, count: int, round_: int, timer: StageTimer
-    ) -> tuple[list[Rollout], GenerationStats]:
+    def _generate_round(self, step: int, count: int, round_: int, timer: StageTimer) -> tuple[list, GenerationStats]:
         """`count` prompts' groups, generated, judged and rewarded, on the devices the placement gives each
         role: one round (dynamic sampling may run several)."""
         cfg = self.cfg
@@ -206,67 +167,28 @@ class ControllerShard:
             prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
             images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
+            prompts = dict(rows=rows, prompt_ids=prompt_ids, images=images, tokenizer=self.tokenizer)
+            where = (self.engines, self.placement, self.schedule.split, self.devices.rank, self.judges)
             rollouts, stats = generate_placed(
-                self.engines,
-                self.placement,
-                self.schedule.split,
-                self.devices.rank,
-                self.judges,
-                rows=rows,
-                prompt_ids=prompt_ids,
-                seeds=seeds,
-                sampling=self.sampling,
-                tokenizer=self.tokenizer,
-                step=step,
-                round_=round_,
-                run_seed=cfg.run.seed,
-                images=images,
+                *where, seeds=seeds, sampling=self.sampling, step=step, round_=round_, run_seed=cfg.run.seed, **prompts
             )
-            if self.algorithm.estimator.needs_greedy_baseline:
+            if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
                 with self.placement.own("rollout"):
-                    set_greedy_baselines(
-                        rollouts,
-                        self.engines.pool(ROLLOUT, [self.world.rank]),
-                        rows,
-                        prompt_ids,
-                        images,
-                        self.greedy,
-                        self.tokenizer,
-                        cfg.rollout.group_size,
-                    )
+                    pool = self.engines.pool(ROLLOUT, [self.world.rank])
+                    set_greedy_baselines(rollouts, pool, self.greedy, cfg.rollout.group_size, **prompts)
         with timer("reward"):
-            assign_rewards(
-                rollouts, cfg.reward.kind, {j.name: j.weight for j in cfg.reward.judges}, cfg.reward.rule_weight
-            )
+            weights = {j.name: j.weight for j in cfg.reward.judges}
+            assign_rewards(rollouts, cfg.reward.kind, weights, cfg.reward.rule_weight)
         return rollouts, stats
 
-    def _placement_metrics(
-        self,
-        rollouts: list[Rollout],
-        gen: GenerationStats,
-        timer: StageTimer,
-        busy_before: dict[str, float],
-        restarted: int,
-    ) -> dict[str, float]:
+    def _placement_metrics(self, rollouts, gen: GenerationStats, timer: StageTimer, busy_before, restarted) -> dict:
         """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics);
         looks restarted engines up again, and picks the next step's split."""
-        busy = {
-            **engine_busy(busy_before, self.engines.busy_seconds()),
-            "train": timer.seconds["logprobs"] + timer.seconds["update"],
-        }
-        out = step_placement_metrics(
-            self.world,
-            busy,
-            self.placement.take_metrics(),
-            self.engines.take_restarts(),
-            restarted,
-            gen,
-            self.schedule.split,
-            self.devices.size,
-            sum(timer.seconds.values()),
-            self.judges,
-            rollouts,
-        )
+        busy = engine_busy(busy_before, self.engines.busy_seconds())
+        busy["train"] = timer.seconds["logprobs"] + timer.seconds["update"]
+        restarts, owned, split = self.engines.take_restarts(), self.placement.take_metrics(), self.schedule.split
+        parts = (busy, owned, restarts, restarted, gen, split, self.devices.size, timer.total, self.judges, rollouts)
+        out = step_placement_metrics(self.world, *parts)
         if out["placement/engine_restarts"]:
             self.engines.forget_endpoints()
         # every rank saw the same sums, so all choose the same split for the next step
@@ -284,21 +206,15 @@ class ControllerShard:
     def _stateful(self) -> dict:
         """The parts with their own state, by checkpoint key; a new stateful component adds its key here. The
         reference model is not one: it is frozen at model.path."""
+        parts = {"trainer": self.trainer, "train_stream": self.train_stream, "kl_control": self.algorithm.kl_control}
         optional = {"sampler": self.sampler, "critic": self.critic}
-        return {
-            "trainer": self.trainer,
-            "train_stream": self.train_stream,
-            "kl_control": self.algorithm.kl_control,
-            **{key: part for key, part in optional.items() if part is not None},
-        }
+        return {**parts, **{key: part for key, part in optional.items() if part is not None}}
 
     def state_dict(self) -> dict[str, dict]:
         """Everything resuming needs, as named component states (live references; yatt.checkpoint copies them)."""
-        return {
-            **{key: part.state_dict() for key, part in self._stateful().items()},
-            "rng": rng_state(),
-            "progress": {"step": self.last_step, "samples_trained": self.samples_trained},
-        }
+        progress = {"step": self.last_step, "samples_trained": self.samples_trained}
+        parts = {key: part.state_dict() for key, part in self._stateful().items()}
+        return {**parts, "rng": rng_state(), "progress": progress}
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
         """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
@@ -315,16 +231,9 @@ class ControllerShard:
         """Greedy decoding of the held-out split (yatt.controllers.evaluation); {} without one."""
         if self.cfg.data.eval is None:
             return {}
-        metrics, self.last_eval = evaluate_greedy(
-            self.world,
-            self.engines,
-            self.placement,
-            self.eval_rows,
-            self.eval_prompt_ids,
-            self.image_inputs,
-            self.greedy,
-            self.tokenizer,
-        )
+        rows, ids = self.eval_rows, self.eval_prompt_ids
+        where = (self.world, self.engines, self.placement)
+        metrics, self.last_eval = evaluate_greedy(*where, rows, ids, self.image_inputs, self.greedy, self.tokenizer)
         return metrics
 
     def export_policy(self, folder: Path) -> None:
@@ -333,9 +242,8 @@ class ControllerShard:
     def export_checkpoint(self, folder: Path, snap: Snapshot) -> None:
         """The policy as a Hugging Face folder, from a checkpoint's host copy of the replicated state
         (checkpoint.export_hf; runs in the background writer)."""
-        export_snapshot(
-            folder, snap, "trainer", self.trainer.hf_weights, self.trainer.hf_config, self.saved_with_weights
-        )
+        trainer = self.trainer
+        export_snapshot(folder, snap, "trainer", trainer.hf_weights, trainer.hf_config, self.saved_with_weights)
 
     def close(self) -> None:
         self.engines.close()
