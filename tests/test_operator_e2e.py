@@ -15,7 +15,10 @@ from e2e import ONE_TOKEN_GRPO, REPO, env, experiment, nproc_args, process_tree,
 
 from yatt.controllers.run import RECORD
 
-FAST = ("rollout.engine.backend=hf",)  # the plain decode loop starts in a moment on this tiny policy
+FAST = (
+    "rollout.engine.backend=hf",
+    "rollout.engine.vllm=null",
+)  # the plain decode loop starts in a moment on this tiny policy
 
 
 def launch(config: Path, *args: str, cwd: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
