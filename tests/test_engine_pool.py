@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from yatt.engines.base import SamplingSpec
-from yatt.engines.client import connect_engine, spawn_engine
+from yatt.engines.client import EngineDied, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool, Request
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
@@ -68,7 +68,7 @@ def test_two_clients_share_one_engine_and_get_only_their_results(engines):
 def test_wrong_secret_is_rejected_and_engine_keeps_serving(engines):
     engine = engines["e0"]
     intruder = connect_engine(engine.endpoint, new_secret(), CFG.model_copy(update={"request_timeout_s": 1.0}))
-    with pytest.raises(TimeoutError):  # the CURVE handshake never completes: no reply
+    with pytest.raises(EngineDied):  # the CURVE handshake never completes: no reply, the engine is unreachable
         intruder.submit(["x"], [[4, 5]], SamplingSpec(max_tokens=2))
     intruder.close()
     stats = engine._rpc.call("rpc_stats")
