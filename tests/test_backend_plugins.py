@@ -12,13 +12,14 @@ import pytest
 import torch
 from e2e import experiment, torchrun
 
-from yatt.config import check_run, load_experiment
+from yatt.config import load_experiment
 from yatt.config_loading import ConfigError
 from yatt.controllers.components import build_components
 from yatt.controllers.shard import ControllerShard
 from yatt.distributed import World
 from yatt.engines.client import engine_env, plugin_root
 from yatt.engines.config import EngineConfig
+from yatt.preflight import check_run
 
 WORLD = World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
 TRAINER = "tests.plugins.counting_trainer:CountingTrainer"

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from yatt.config import check_run, load_experiment
+from yatt.config import load_experiment
 from yatt.config_loading import ConfigError, dump_config
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
+from yatt.preflight import check_run
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -107,9 +107,10 @@ def test_sample_records_show_prompts_responses_rewards_and_judges():
 def test_missing_package_is_a_config_error(tmp_path, monkeypatch, setting):
     import importlib.util
 
-    from yatt.config import check_run, load_experiment
+    from yatt.config import load_experiment
     from yatt.config_loading import ConfigError
     from yatt.models.tiny import write_tiny_model
+    from yatt.preflight import check_run
 
     write_tiny_model(tmp_path / "m")
     (tmp_path / "d.jsonl").write_text('{"prompt": "1"}\n')

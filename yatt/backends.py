@@ -10,7 +10,7 @@ for a plug-in class named by import path):
   only when that backend is selected (with its defaults when absent); set for a registered backend that is
   not selected, it is an error naming both;
 - `preflight`: the checks the config alone cannot make (a package installed, a split that divides the
-  ranks launched), called by `yatt.config.check_run` before anything starts; each registry states its
+  ranks launched), called by `yatt.preflight.check_run` before anything starts; each registry states its
   signature (trainers: `(cfg: ExperimentConfig, world_size)`, engines: `(engine: EngineConfig)`);
 - `env` (engines): environment variables of the engine process, from its section.
 

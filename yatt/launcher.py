@@ -35,9 +35,10 @@ import traceback
 import uuid
 from pathlib import Path
 
-from yatt.config import ExperimentConfig, check_run, load_experiment
+from yatt.config import ExperimentConfig, load_experiment
 from yatt.config_loading import ConfigError
 from yatt.data.errors import DataError
+from yatt.preflight import check_run
 
 AGENT_ENV = "YATT_LAUNCH_AGENT"  # set by the --nproc agent for its ranks: they report through the error file only
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set per rank by torch's elastic agent (torchrun's and ours)

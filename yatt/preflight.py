@@ -1,0 +1,150 @@
+"""The checks a config cannot make alone, run by the launcher before anything starts (`check_run`).
+
+They need the number of ranks launched or read the files the config names (model folders, tokenizers, data
+files, the run directory), which validation never does (yatt.config). Each backend adds its own through its
+registry entry's `preflight` (yatt.backends). Every failure is a ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tempfile
+from pathlib import Path
+
+from yatt.config import ExperimentConfig
+from yatt.config_loading import ConfigError
+
+
+def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
+    """What the config alone cannot tell: rules on the number of ranks launched, and the files it names
+    (read here, where the run starts, never during validation). Raises ConfigError naming the field."""
+    p = cfg.placement
+    if p.mode == "partial" and world_size < p.min_rollout_devices + p.min_genrm_devices:
+        raise ConfigError(
+            f"{source}: placement.mode=partial needs at least "
+            f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
+            f"min_genrm_devices), but {world_size} were launched"
+        )
+    check_backends(cfg, world_size, source)
+    tp, pp = cfg.trainer.model_parallel
+    data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
+    per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
+    if rest or per_rank % cfg.algorithm.mini_batches:
+        raise ConfigError(
+            f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
+            f"{data_ranks} data-parallel ranks and then into algorithm.mini_batches="
+            f"{cfg.algorithm.mini_batches}"
+        )
+    folders = {
+        "model.path": cfg.model.path,
+        **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges},
+        **({"critic.model": cfg.critic.model} if cfg.uses_critic and cfg.critic.model else {}),
+    }
+    for field, folder in folders.items():
+        if not folder.is_dir():
+            raise ConfigError(
+                f"{source}: {field}: model folder not found: {folder} (build the quickstart ones "
+                "with `make quickstart` or `python launch/sft.py --config configs/sft_quickstart.yaml`)"
+            )
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"{source}: {field}: {folder} is not a Hugging Face model folder: config.json is missing")
+    if (
+        "critic.model" in folders
+        and (vocab := model_vocab(cfg.critic.model)) is not None
+        and (tokens := tokenizer_size(cfg.model.path)) is not None
+        and vocab < tokens
+    ):
+        raise ConfigError(
+            f"{source}: critic.model: its vocab_size ({vocab}) is smaller than the policy's tokenizer "
+            f"({tokens} tokens): the critic reads the policy's token ids"
+        )
+    for split in ("train", "eval"):
+        data = getattr(cfg.data, split)
+        missing = [str(f) for f in getattr(data, "files", []) if not f.is_file()]
+        if missing:
+            raise ConfigError(f"{source}: data.{split}.files: not found: {', '.join(missing)}")
+    for field, folder in folders.items():
+        vocab, tokens = model_vocab(folder), tokenizer_size(folder)
+        if vocab is not None and tokens is not None and vocab < tokens:
+            raise ConfigError(
+                f"{source}: {field}: the model's vocab_size ({vocab}, {folder}/config.json) is smaller "
+                f"than its tokenizer's {tokens} tokens: token ids past {vocab - 1} cannot be embedded"
+            )
+    for field, folder in {
+        "run.output_dir": cfg.run.run_dir,
+        **({"checkpoint.dir": cfg.checkpoint.dir} if cfg.checkpoint.dir else {}),
+    }.items():
+        if problem := unwritable(Path(folder)):
+            raise ConfigError(f"{source}: {field}: cannot write to {folder}: {problem}")
+    missing = [
+        (setting, package, extra)
+        for setting, package, extra, wanted in (
+            ("run.tensorboard=true", "tensorboard", "watch", cfg.run.tensorboard is True),
+            ("run.wandb.enabled=true", "wandb", "wandb", cfg.run.wandb.enabled),
+            (
+                "a parquet data source",
+                "pyarrow",
+                "data",
+                "parquet" in (getattr(cfg.data.train, "kind", ""), getattr(cfg.data.eval, "kind", "")),
+            ),
+        )
+        if wanted and importlib.util.find_spec(package) is None
+    ]
+    for setting, package, extra in missing:
+        raise ConfigError(f"{source}: {setting} needs the {package} package: pip install 'yatt[{extra}]'")
+    positions = model_positions(cfg.model.path)
+    if positions and cfg.rollout_tokens > positions:
+        raise ConfigError(
+            f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "
+            f"(prompt + response tokens) but the model has {positions} positions; lower one of them"
+        )
+
+
+def check_backends(cfg: ExperimentConfig, world_size: int, source: str) -> None:
+    """The backends' own checks (their `preflight` hooks): the trainer's, then each engine's, named by field."""
+    checks = [("", getattr(cfg.trainer.backend_entry, "preflight", None), (cfg, world_size))]
+    engines = {
+        "rollout.engine": cfg.rollout.engine,
+        **{f"reward.judges[{j.name}].engine": j.engine for j in cfg.reward.judges},
+    }
+    checks += [
+        (f"{field}: ", getattr(engine.backend_entry, "preflight", None), (engine,)) for field, engine in engines.items()
+    ]
+    for field, check, args in checks:
+        try:
+            if check is not None:
+                check(*args)
+        except ValueError as err:
+            raise ConfigError(f"{source}: {field}{err}") from None
+
+
+def model_vocab(folder: Path) -> int | None:
+    """The model's vocab_size: rows of its embedding (None if its config does not say)."""
+    return json.loads((folder / "config.json").read_text()).get("vocab_size")
+
+
+def tokenizer_size(folder: Path) -> int | None:
+    """Token ids the folder's tokenizer can produce, added tokens included (None without a tokenizer)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return len(AutoTokenizer.from_pretrained(str(folder)))
+    except (OSError, ValueError):
+        return None
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be created in `folder` (made if missing), or None when they can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".yatt-write-check-"):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def model_positions(folder: Path) -> int | None:
+    """The model's max_position_embeddings (None if its config does not say)."""
+    return json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
