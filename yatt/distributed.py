@@ -165,6 +165,15 @@ class World:
         dist.broadcast_object_list(box, src=self.global_rank(0), group=self.group, device=_CPU)
         return box[0]
 
+    def all_gather_object(self, obj) -> list:
+        """Every rank's picklable object, by rank (a model-parallel group's share of the rollouts)."""
+        if not self.grouped:
+            return [obj]
+        out = [None] * self.size
+        self._record("all_gather_object", "all_gather", [_desc(_CPU, torch.int64, [1]), _desc(_CPU, torch.uint8, [-1])])
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
     @property
     def backend(self) -> str:
         """The process group's backends per device type (e.g. "cpu:gloo,cuda:nccl"), or "none"."""
@@ -239,6 +248,26 @@ def data_parallel_world(world: World, tensor_parallel: int, pipeline_parallel: i
                 mine = (members, group)
     members, group = mine
     return World(members.index(world.rank), dp, world.local_rank, world.device, group, members)
+
+
+def model_parallel_world(world: World, tensor_parallel: int, pipeline_parallel: int) -> World | None:
+    """The view of the ranks that hold one copy of the model together (the ranks of one data-parallel rank, in
+    torchrun order), or None when each rank holds the whole model. They generate a data-parallel rank's prompts
+    between them (yatt.controllers.generation.GroupShare). Collective: every rank builds every group."""
+    split = tensor_parallel * pipeline_parallel
+    if split == 1:
+        return None
+    dp = world.size // split
+    mine = None
+    for d in range(dp):
+        members = tuple(
+            sorted(t + tensor_parallel * (d + dp * p) for p in range(pipeline_parallel) for t in range(tensor_parallel))
+        )
+        group = dist.new_group(list(members), backend="gloo") if _grouped() else None
+        if world.rank in members:
+            mine = (members, group)
+    members, group = mine
+    return World(members.index(world.rank), split, world.local_rank, world.device, group, members)
 
 
 def env_rank() -> int:

@@ -21,6 +21,7 @@ from yatt.controllers.rollouts import group_rollouts
 from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
+from yatt.distributed import World
 from yatt.engines.base import SamplingSpec
 from yatt.engines.pool import EnginePool, Request
 from yatt.genrm.judge import Judge
@@ -66,6 +67,40 @@ class GenerationStats:
             for k, v in r.pools.items():
                 out.pools[k] = out.pools.get(k, 0.0) + v
         return out
+
+
+class GroupShare:
+    """How the ranks of one model-parallel group (TP x PP, yatt.distributed.model_parallel_world) generate their
+    data-parallel rank's prompts: each takes a contiguous share on its own device's engines, with the prompts'
+    unchanged seeds, then the group gathers the scored rollouts in prompt order, so every rank of the group
+    trains on the same batch and it is the batch one rank would have generated alone. `group` None: this rank
+    holds the whole model and generates all its prompts."""
+
+    def __init__(self, group: World | None, devices: World, data: World):
+        self.group = group
+        # whom sums over shares go to (e.g. the evaluation's): the shares of all groups partition all rows
+        self.sums = data if group is None else devices
+
+    def share(self, count: int) -> slice:
+        """This rank's part of `count` prompts (the first ranks take one more when it does not divide)."""
+        if self.group is None:
+            return slice(0, count)
+        size, rank = self.group.size, self.group.rank
+        per, extra = divmod(count, size)
+        start = rank * per + min(rank, extra)
+        return slice(start, start + per + (rank < extra))
+
+    def gather(self, rollouts: list[Rollout], stats: GenerationStats) -> tuple[list[Rollout], GenerationStats]:
+        """The group's rollouts in prompt order, and its generation stats (counts summed, times and queues maxed)."""
+        if self.group is None:
+            return rollouts, stats
+        parts = self.group.all_gather_object((rollouts, stats))
+        merged = GenerationStats.merged([s for _, s in parts])
+        merged.rollout_s, merged.judge_tail_s = (
+            max(s.rollout_s for _, s in parts),
+            max(s.judge_tail_s for _, s in parts),
+        )
+        return [r for part, _ in parts for r in part], merged
 
 
 def generate_placed(

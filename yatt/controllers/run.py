@@ -12,6 +12,7 @@ complete checkpoint, or, when it saves none, its end (yatt.checkpoint.aside).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import time
@@ -31,8 +32,9 @@ from yatt.controllers.samples import SamplesWriter, keep_samples_until
 from yatt.controllers.shard import ControllerShard
 from yatt.controllers.sinks import open_sinks
 from yatt.data.prepare import load_rank_data
-from yatt.distributed import World, data_parallel_world
+from yatt.distributed import World, data_parallel_world, model_parallel_world
 
+UNSPLIT_ENV = "YATT_UNSPLIT_GENERATION"
 # what a run writes into its directory and a fresh start replaces (logs/ and the run secret stay)
 RECORD = ("metrics.jsonl", "samples.jsonl", "summary.json", "config.yaml", "policy", "tensorboard")
 
@@ -108,7 +110,11 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     history = _open_run_dir(cfg, world, checkpoints, found)
     if world.is_main:
         print(f"world: {world.size} rank(s) on {world.device.type}, process group backend {world.backend}", flush=True)
-    shard = ControllerShard(cfg, world, build_components(cfg, world, run_dir), data, data_world=data_world)
+    # the ranks of one model-parallel group split its generation; YATT_UNSPLIT_GENERATION=1 has each generate all
+    # of it (the same batch, the way to check the split)
+    group = None if os.environ.get(UNSPLIT_ENV) else model_parallel_world(world, *cfg.trainer.model_parallel)
+    parts = build_components(cfg, world, run_dir)
+    shard = ControllerShard(cfg, world, parts, data, data_world=data_world, group_world=group)
     if found:
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained

@@ -22,7 +22,7 @@ from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
 from yatt.controllers.dynamic_sampling import DynamicSampler, in_groups, reduce_metrics
 from yatt.controllers.evaluation import evaluate_greedy
-from yatt.controllers.generation import GenerationStats, assign_rewards, generate_placed, sampling_specs
+from yatt.controllers.generation import GenerationStats, GroupShare, assign_rewards, generate_placed, sampling_specs
 from yatt.controllers.images import load_batch_images
 from yatt.controllers.metrics import STAGES, StageTimer, step_metrics, step_reductions
 from yatt.controllers.minibatches import mini_batches
@@ -50,13 +50,16 @@ class ControllerShard:
         parts: Components,
         data: RankData | None = None,
         data_world: World | None = None,
+        group_world: World | None = None,
     ):
         """`data`: this rank's checked data (yatt.data.prepare, read before the engines start); None reads it.
         `data_world`: the data-parallel view of `world` (yatt.distributed.data_parallel_world) when the
         trainer splits the model over ranks: data, seeds, denominators and metric sums go by data-parallel
         rank, so the ranks of one model-parallel group generate and train on the same samples (same prompts,
-        same per-sample seeds; the trainer checks the batches agree). Devices (engines, placement) stay `world`'s."""
+        same per-sample seeds; the trainer checks the batches agree). Devices (engines, placement) stay `world`'s.
+        `group_world`: those ranks (yatt.distributed.model_parallel_world): they split the generation (GroupShare)."""
         self.devices, self.world = world, data_world or world
+        self.group = GroupShare(group_world, self.devices, self.world)
         self.cfg, self.tokenizer, self.trainer, self.ref = cfg, parts.tokenizer, parts.trainer, parts.ref
         self.engines, self.algorithm, self.critic = parts.engines, parts.algorithm, parts.critic
         self.prompts_per_rank = cfg.data.prompts_per_step // self.world.size
@@ -73,17 +76,14 @@ class ControllerShard:
         self.last_eval, self.last_rollouts = [], []
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
         self.schedule = GenerationSchedule(cfg.placement, self.devices.size)
-        trainers = self._trainers
+        # what the `train` role owns: the policy, the reference model, the critic
+        trainers = lambda: [t for t in (self.trainer, self.ref, self.critic and self.critic.trainer) if t is not None]
         train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
         self.placement = DeviceOwnership({**self.engines.device_roles(), "train": train}, initial_owner="rollout")
         dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id)
         self.samples_trained = self.last_step = 0
-
-    def _trainers(self):
-        """What the `train` role owns: the policy, the reference model, the critic."""
-        return [self.trainer] + ([self.ref] if self.ref else []) + ([self.critic.trainer] if self.critic else [])
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
@@ -162,7 +162,7 @@ class ControllerShard:
         """`count` prompts' groups, generated, judged and rewarded, on the devices the placement gives each
         role: one round (dynamic sampling may run several)."""
         cfg = self.cfg
-        rows = self.train_stream.next_batch(count)
+        rows = self.train_stream.next_batch(count)[self.group.share(count)]  # all of them without a group
         with timer("generate"):
             prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
@@ -174,8 +174,9 @@ class ControllerShard:
             )
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
                 with self.placement.own("rollout"):
-                    pool = self.engines.pool(ROLLOUT, [self.world.rank])
+                    pool = self.engines.pool(ROLLOUT, [self.devices.rank])
                     set_greedy_baselines(rollouts, pool, self.greedy, cfg.rollout.group_size, **prompts)
+            rollouts, stats = self.group.gather(rollouts, stats)
         with timer("reward"):
             weights = {j.name: j.weight for j in cfg.reward.judges}
             assign_rewards(rollouts, cfg.reward.kind, weights, cfg.reward.rule_weight)
@@ -187,8 +188,8 @@ class ControllerShard:
         busy = engine_busy(busy_before, self.engines.busy_seconds())
         busy["train"] = timer.seconds["logprobs"] + timer.seconds["update"]
         restarts, owned, split = self.engines.take_restarts(), self.placement.take_metrics(), self.schedule.split
-        parts = (busy, owned, restarts, restarted, gen, split, self.devices.size, timer.total, self.judges, rollouts)
-        out = step_placement_metrics(self.world, *parts)
+        parts = (busy, owned, restarts, restarted, gen, split, timer.total, self.judges, rollouts)
+        out = step_placement_metrics(self.world, self.devices, *parts)
         if out["placement/engine_restarts"]:
             self.engines.forget_endpoints()
         # every rank saw the same sums, so all choose the same split for the next step
@@ -231,8 +232,8 @@ class ControllerShard:
         """Greedy decoding of the held-out split (yatt.controllers.evaluation); {} without one."""
         if self.cfg.data.eval is None:
             return {}
-        rows, ids = self.eval_rows, self.eval_prompt_ids
-        where = (self.world, self.engines, self.placement)
+        share, where = self.group.share(len(self.eval_rows)), (self.group.sums, self.engines, self.placement)
+        rows, ids = self.eval_rows[share], self.eval_prompt_ids[share]
         metrics, self.last_eval = evaluate_greedy(*where, rows, ids, self.image_inputs, self.greedy, self.tokenizer)
         return metrics
 

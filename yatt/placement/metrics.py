@@ -35,13 +35,13 @@ def engine_busy(before: dict[str, float], now: dict[str, float]) -> dict[str, fl
 
 def step_placement_metrics(
     world: World,
+    devices: World,
     busy: dict[str, float],
     owned: dict[str, float],
     restarts: int,
     restarted: int,
     gen,
     split: GenerationSplit | None,
-    devices: int,
     step_s: float,
     judges: dict,
     rollouts: list,
@@ -49,15 +49,19 @@ def step_placement_metrics(
     """One step's placement metrics. `busy`: this rank's seconds of engine work (engine_busy) and of training
     ("train"); `owned`: DeviceOwnership.take_metrics(); `restarts`: this rank's engine restarts during the step
     (EngineServices.take_restarts), `restarted`: all ranks' before it (EngineServices.heal); `gen`: the step's
-    yatt.controllers.generation.GenerationStats; `split`: the step's (None: full colocation on all `devices`)."""
+    yatt.controllers.generation.GenerationStats of this rank's model-parallel group; `split`: the step's (None: full
+    colocation on all devices). `world` is the data-parallel one (samples count once per data-parallel rank),
+    `devices` the torchrun world (engine and device time count per device; the same as `world` unless the model is
+    split over ranks), so every rank sees the same load and picks the same next split."""
     load = summed(
-        world, {"load/rollout_busy_s": busy["rollout"], "load/genrm_busy_s": busy["genrm"], "restarts": float(restarts)}
+        devices,
+        {"load/rollout_busy_s": busy["rollout"], "load/genrm_busy_s": busy["genrm"], "restarts": float(restarts)},
     )
     restarted += int(load.pop("restarts"))
     out = {
         **load,
         **maxed(
-            world,
+            devices,
             {
                 "placement/switch_s": owned["placement/switch_s"],
                 "placement/offload_freed_bytes": owned["placement/offload_freed_bytes"],
@@ -67,10 +71,10 @@ def step_placement_metrics(
         ),
         "placement/switches": owned["placement/switches"],
         "placement/engine_restarts": float(restarted),
-        "placement/rollout_devices": float(len(split.rollout) if split else devices),
-        "placement/genrm_devices": float(len(split.genrm) if split else devices),
+        "placement/rollout_devices": float(len(split.rollout) if split else devices.size),
+        "placement/genrm_devices": float(len(split.genrm) if split else devices.size),
     }
-    out.update(device_metrics(world, owned, busy["rollout"] + busy["genrm"] + busy["train"], step_s))
+    out.update(device_metrics(devices, owned, busy["rollout"] + busy["genrm"] + busy["train"], step_s))
     if judges:
         out.update(
             judge_metrics(world, judges, rollouts, gen.judged, gen.unparseable, busy["genrm"], gen.max_judge_queue)

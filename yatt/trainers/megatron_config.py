@@ -57,11 +57,6 @@ def preflight(cfg: ExperimentConfig, world_size: int) -> None:
             "checkpoint.export_hf needs the whole model on one rank; with tensor/pipeline "
             "parallelism the final policy is exported (run.export_policy) by gathering the shards"
         )
-    if tp * pp > 1 and (cfg.balance.enabled or cfg.placement.mode == "partial"):
-        raise ValueError(
-            "with tensor/pipeline parallelism, balance.enabled and placement.mode=partial "
-            "are not supported yet (they move rollouts between ranks, not data-parallel groups)"
-        )
 
 
 MEGATRON = Backend(
