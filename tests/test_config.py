@@ -166,9 +166,7 @@ def test_backends_preflight_checks_name_the_field(tmp_path, model_dir, monkeypat
     )
     path = write_config(tmp_path, model_dir, judge)
     tp2 = ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"]
-    cases = {
-        ("checkpoint.export_hf=true",): "checkpoint.export_hf needs the whole model on one rank",
-    }
+    cases = {("checkpoint.export_hf=true",): "checkpoint.export_hf needs the whole model on one rank"}
     for overrides, message in cases.items():
         with pytest.raises(ConfigError, match=message):
             check_run(load_experiment(path, [*tp2, *overrides]), 2, str(path))

@@ -22,7 +22,16 @@ pytestmark = needs_megatron
 HF = ["rollout.engine.backend=hf", "rollout.engine.vllm=null", "trainer.backend=megatron"]
 # what may differ between a split and an unsplit run: wall times, device time per role, engine work per device,
 # and the judge queue (a rank submits half as many groups)
-PER_DEVICE = ("elapsed_s", "time/", "perf/", "placement/", "load/", "device", "genrm/max_queue", "genrm/judged_per_busy_s")
+PER_DEVICE = (
+    "elapsed_s",
+    "time/",
+    "perf/",
+    "placement/",
+    "load/",
+    "device",
+    "genrm/max_queue",
+    "genrm/judged_per_busy_s",
+)
 
 CASES = {
     "tp2_grpo": ("", ["trainer.megatron.tensor_parallel=2"], "full"),
@@ -42,11 +51,8 @@ def run_pair(tmp, name: str) -> tuple[list, list, dict, dict]:
     reward = genrm_reward(tmp, "{backend: hf}") if "genrm" in name else ""
     runs = {}
     for mode, extra in (("split", {}), ("unsplit", {UNSPLIT_ENV: "1"})):
-        config = experiment(
-            tmp,
-            f"{ONE_TOKEN_GRPO}{body}{reward}run: {{name: {mode}, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 3}}\n",
-            model=DIGITS_TP,
-        )
+        run = f"run: {{name: {mode}, output_dir: {tmp / 'runs'}, steps: 3, eval_every: 3}}\n"
+        config = experiment(tmp, f"{ONE_TOKEN_GRPO}{body}{reward}{run}", model=DIGITS_TP)
         proc = torchrun(config, "--placement", placement, *HF, *overrides, cwd=tmp, extra_env=extra)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         records = [json.loads(line) for line in (tmp / "runs" / mode / "metrics.jsonl").read_text().splitlines()]

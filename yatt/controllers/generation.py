@@ -142,12 +142,14 @@ def generate_and_judge(
     run_seed: int,
     stream: bool,
     round_: int = 0,
+    first_group: int = 0,
     before_judging: Callable[[], None] | None = None,
     images: list[PromptImages | None] | None = None,
 ) -> tuple[list[Rollout], GenerationStats]:
     """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in.
     `images`: the rows' loaded images (yatt.controllers.images); engines get the placeholder ids and the bytes,
-    the rollouts the expanded ids and the pixels."""
+    the rollouts the expanded ids and the pixels. `first_group`: the index of rows[0]'s group in the data-parallel
+    rank's batch (GroupShare), so a judge's seeds do not depend on how the batch was split."""
     stats = GenerationStats()
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
@@ -166,7 +168,7 @@ def generate_and_judge(
                     Request(
                         f"s{step}r{round_}/g{g}/{j}",
                         lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
-                        judge_seed(run_seed, step, round_ * 1_000_000 + g, j, name),
+                        judge_seed(run_seed, step, round_ * 1_000_000 + first_group + g, j, name),
                         lane.judge.sampling,
                     )
                     for j, r in enumerate(groups[g])

@@ -161,17 +161,16 @@ class ControllerShard:
     def _generate_round(self, step: int, count: int, round_: int, timer: StageTimer) -> tuple[list, GenerationStats]:
         """`count` prompts' groups, generated, judged and rewarded, on the devices the placement gives each
         role: one round (dynamic sampling may run several)."""
-        cfg = self.cfg
-        rows = self.train_stream.next_batch(count)[self.group.share(count)]  # all of them without a group
+        share = self.group.share(count)  # this rank's part (all of them without a model-parallel group)
+        rows, cfg = self.train_stream.next_batch(count)[share], self.cfg
         with timer("generate"):
             prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
             images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
             prompts = dict(rows=rows, prompt_ids=prompt_ids, images=images, tokenizer=self.tokenizer)
             where = (self.engines, self.placement, self.schedule.split, self.devices.rank, self.judges)
-            rollouts, stats = generate_placed(
-                *where, seeds=seeds, sampling=self.sampling, step=step, round_=round_, run_seed=cfg.run.seed, **prompts
-            )
+            tags = dict(step=step, round_=round_, run_seed=cfg.run.seed, first_group=share.start)  # judge seeds
+            rollouts, stats = generate_placed(*where, seeds=seeds, sampling=self.sampling, **tags, **prompts)
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
                 with self.placement.own("rollout"):
                     pool = self.engines.pool(ROLLOUT, [self.devices.rank])
