@@ -2,6 +2,10 @@
 
     OMP_NUM_THREADS=1 python benchmarks/checkpoint.py [--out benchmarks/results/checkpoint.json] [--saves 3]
         [--hidden 768] [--layers 12]
+    OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 benchmarks/checkpoint.py --megatron --tp 2 [--pp 1] [--saves 3]
+
+The megatron mode (benchmarks/checkpoint_megatron.py) measures a split policy's save stall without and with
+checkpoint.export_hf side by side; the rest of this page is the one-process torch comparison.
 
 For the quickstart policy and a 100M+ parameter Qwen2 (built here, random weights; --hidden/--layers shrink it),
 a one-process TorchTrainer takes one AdamW step (so optimizer state exists), then saves its state `--saves` times
@@ -105,7 +109,21 @@ def main() -> int:
     )
     parser.add_argument("--hidden", type=int, default=768, help="the random Qwen2's hidden size (a multiple of 12)")
     parser.add_argument("--layers", type=int, default=12, help="the random Qwen2's layers")
+    parser.add_argument(
+        "--megatron",
+        action="store_true",
+        help="under torchrun: a megatron-split policy's save stall without and with checkpoint.export_hf "
+        "(benchmarks/checkpoint_megatron.py)",
+    )
+    parser.add_argument("--tp", type=int, default=2, help="--megatron: tensor parallel size")
+    parser.add_argument("--pp", type=int, default=1, help="--megatron: pipeline parallel size")
     args = parser.parse_args()
+    if args.megatron:
+        from checkpoint_megatron import run  # noqa: PLC0415  (needs megatron-core; only this mode imports it)
+
+        if args.out == parser.get_default("out"):
+            args.out = args.out.with_name("checkpoint_megatron.json")
+        return run(args, random_qwen2, train_step)
     torch.set_num_threads(1)
     results = []
     with tempfile.TemporaryDirectory(prefix="yatt-ckpt-bench-") as tmp:

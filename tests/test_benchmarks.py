@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from e2e import DIGITS, ONE_TOKEN_GRPO, env, experiment
+from megatron_ranks import needs_megatron
 
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
@@ -85,6 +86,17 @@ def test_checkpoint(tmp_path):
         assert m["params"] > 0 and m["state_bytes"] > 12 * m["params"]  # weights + AdamW's two moments, float32
         assert len(m["sync"]["stall_s"]) == len(m["async"]["stall_s"]) == saves
         assert m["async"]["write_after_stall_s"] > 0 and m["async_over_sync"] > 0
+
+
+@needs_megatron
+def test_checkpoint_megatron(tmp_path):
+    out = tmp_path / "checkpoint_megatron.json"
+    args = ["--megatron", "--tp", "2", "--saves", "2", "--hidden", "48", "--layers", "1", "--out", str(out)]
+    run("checkpoint.py", *args, cwd=tmp_path, torchrun=True)
+    (r,) = results(out, tmp_path)["results"]
+    assert (r["tensor_parallel"], r["ranks"]) == (2, 2) and r["export_bytes"] > 4 * r["params_rank0"]
+    for mode in ("state only", "state + export_hf"):
+        assert len(r[mode]["stall_s"]) == 2 and r[mode]["stall_mean_s"] > 0
 
 
 @pytest.mark.engine

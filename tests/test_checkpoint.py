@@ -208,7 +208,7 @@ def test_preemption_signal_only_sets_a_flag():
         flag.restore()
 
 
-def _checkpointer(tmp_path, **writer_kw):
+def _checkpointer(tmp_path, overrides=(), **writer_kw):
     from yatt.checkpoint.checkpointer import Checkpointer
     from yatt.config import load_experiment
     from yatt.distributed import World
@@ -217,7 +217,7 @@ def _checkpointer(tmp_path, **writer_kw):
     policy = write_tiny_model(tmp_path / "policy")  # the config fingerprint reads the model's config.json
     cfg = load_experiment(
         "configs/quickstart.yaml",
-        [f"run.output_dir={tmp_path}", f"model.path={policy}", f"checkpoint.dir={tmp_path / 'ck'}"],
+        [f"run.output_dir={tmp_path}", f"model.path={policy}", f"checkpoint.dir={tmp_path / 'ck'}", *overrides],
     )
     return Checkpointer(cfg, World(0, 1, 0, torch.device("cpu")), **writer_kw)
 
@@ -252,6 +252,51 @@ class _Source:
 
     def state_dict(self):
         return {"progress": {"step": 6}, "shared": {"w": torch.ones(2)}}
+
+
+class _TrainerSource:
+    """A run's state with a real trainer in it, replicated (saved once, in `shared`) or held per rank."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.replicated = ("trainer",) if trainer.replicated else ()
+
+    def state_dict(self):
+        return {"progress": {"step": 1}, "trainer": self.trainer.state_dict()}
+
+
+@pytest.mark.parametrize("replicated", [True, False])
+def test_checkpointer_exports_the_policy_from_the_snapshot_or_gathered(tmp_path, replicated):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from yatt.checkpoint.export import policy_writer
+    from yatt.config import TrainerConfig
+    from yatt.trainers.torch_trainer import TorchTrainer
+
+    # the writer waits after the parts, so training moves the weights before the export is written
+    checkpoints = _checkpointer(tmp_path, ["checkpoint.export_hf=true", "checkpoint.debug_write_delay_s=0.2"])
+    policy = tmp_path / "policy"
+    trainer = TorchTrainer(policy, TrainerConfig(), checkpoints.world)
+    # False: the export gathers (gather_hf_weights) at the save, as a sharded (megatron) trainer's does
+    trainer.replicated = replicated
+    saved = {k: v.clone() for k, v in trainer.module.state_dict().items()}
+    calls = []
+
+    def hook(snap):
+        calls.append(snap is not None)
+        return policy_writer(trainer, snap, "trainer", AutoTokenizer.from_pretrained(policy))
+
+    stall = checkpoints.save(1, _TrainerSource(trainer), hook)
+    with torch.no_grad():
+        for p in trainer.module.parameters():
+            p.add_(1.0)  # the next step, while the writer runs
+    folder = checkpoints.finish()
+    assert calls == [True] and stall > 0  # called once, in the training thread, with rank 0's snapshot
+    manifest = verify(folder)
+    assert {"policy/model.safetensors", "policy/config.json", "policy/tokenizer.json"} <= set(manifest["files"])
+    back = AutoModelForCausalLM.from_pretrained(folder / "policy").state_dict()
+    assert set(back) == set(saved) and all(torch.equal(back[k], saved[k]) for k in saved)
+    assert ("trainer" in load_part(folder, "shared")) == replicated  # a sharded trainer's goes in rank0.*
 
 
 def test_resume_none_over_checkpoints_needs_overwrite(tmp_path):

@@ -75,6 +75,8 @@ def test_split_generation_trains_on_the_unsplit_batch(tmp_path, name):
     # 8 prompts x 8 samples, one data-parallel rank (dynamic sampling keeps the groups with reward variance)
     assert all(r["rollout/samples"] == 64 or "dynamic" in name for r in split[1:])
     if "genrm" in name:
-        assert all(r["genrm/judged"] >= 64 for r in split[1:])  # every sample judged once (a 2nd DS round adds)
+        # every fresh sample judged once; dynamic sampling may start a step from its queue and judge fewer
+        least = 8 if "dynamic" in name else 64
+        assert all(r["genrm/judged"] >= least and r["genrm/judged"] % 8 == 0 for r in split[1:])
     assert set(split_w) == set(unsplit_w)
     assert max((split_w[k] - unsplit_w[k]).abs().max().item() for k in split_w) == 0.0

@@ -11,7 +11,6 @@ import signal
 import time
 import warnings
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,6 +29,10 @@ from yatt.checkpoint.writer import (
 )
 from yatt.config import ExperimentConfig
 from yatt.distributed import World
+
+# checkpoint.export_hf's hook: rank 0's replicated snapshot (None elsewhere) -> what the writer runs on the
+# staging dir's policy/ path, or None (yatt.checkpoint.export.policy_writer builds one)
+ExportHook = Callable[[Snapshot | None], Callable[[Path], None] | None]
 
 
 class Stateful(Protocol):
@@ -151,8 +154,13 @@ class Checkpointer:
         every = self.cfg.checkpoint.every
         return bool(every) and step % every == 0
 
-    def save(self, step: int, source: Stateful, export: Callable[[Path, Snapshot], None] | None = None) -> float:
-        """Snapshot now, write in the background; returns the seconds training was blocked."""
+    def save(self, step: int, source: Stateful, export: ExportHook | None = None) -> float:
+        """Snapshot now, write in the background; returns the seconds training was blocked.
+
+        `export` (with checkpoint.export_hf): called on every rank, in this thread, with rank 0's snapshot of
+        the replicated state (None on other ranks), so it may gather a sharded model (a collective); what it
+        returns on rank 0 writes the policy folder into the staging dir (yatt.checkpoint.export.policy_writer).
+        Its time counts in the stall."""
         start = time.perf_counter()
         self.writer.wait()  # the previous write, normally long finished: one write in flight at a time
         state = source.state_dict()
@@ -161,8 +169,10 @@ class Checkpointer:
         if self.world.is_main:
             parts["shared"] = snapshot(shared)
         export_fn = None
-        if self.cfg.checkpoint.export_hf and self.world.is_main and export is not None:
-            export_fn = partial(export, snap=parts["shared"])
+        if self.cfg.checkpoint.export_hf and export is not None:
+            export_fn = export(parts.get("shared"))
+            if not self.world.is_main:  # one policy folder per checkpoint, from rank 0
+                export_fn = None
         self.writer.submit(SaveJob(step, parts, self.fingerprint, export_fn))
         self.saved_step = step
         stall = time.perf_counter() - start

@@ -1,15 +1,33 @@
-"""A Hugging Face policy folder (safetensors + config + tokenizer) that transformers and vLLM load."""
+"""A Hugging Face policy folder (safetensors + config + tokenizer) that transformers and vLLM load.
+
+checkpoint.export_hf writes one inside each checkpoint. `policy_writer` is the hook a save calls on every rank,
+in the training thread; it chooses where the weights come from and returns what rank 0's background writer
+runs, so the folder lands in the checkpoint's staging directory and appears only at the commit.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from safetensors.torch import save_file
 from torch import Tensor
 
 from yatt.checkpoint.snapshot import Snapshot, restore
+
+PolicyWriter = Callable[[Path], None]  # writes the policy folder at the given path (background writer, rank 0)
+
+
+class PolicySource(Protocol):
+    """What the export needs of a trainer (yatt.trainers.base.Trainer has it all)."""
+
+    replicated: bool
+    hf_config: Any
+
+    def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]: ...
+    def gather_hf_weights(self) -> dict[str, Tensor] | None: ...
 
 
 def export_hf(folder: Path, weights: dict[str, Tensor], hf_config: Any, tokenizer: Any) -> None:
@@ -35,3 +53,28 @@ def export_snapshot(
     Hugging Face-named weights in it."""
     state = restore({key: snap.tree[key]}, snap.tensors)[key]
     export_hf(folder, hf_weights(state), hf_config, tokenizer)
+
+
+def policy_writer(trainer: PolicySource, snap: Snapshot | None, key: str, tokenizer: Any) -> PolicyWriter | None:
+    """The export hook of one save, called on every rank (`snap`: rank 0's snapshot of the replicated state,
+    None on the other ranks); what this rank's background writer runs, or None (every rank but 0).
+
+    A replicated trainer's weights are already in rank 0's snapshot under `key`: the writer maps them to HF
+    names, at no extra stall. A sharded trainer (TP/PP) holds a slice per rank, so its weights are gathered
+    now, while the process group may still be used (collectives never run on the writer thread): a host copy
+    on rank 0, which training may go on past while the writer writes it."""
+    if trainer.replicated:
+        if snap is None:
+            return None
+        return partial(
+            export_snapshot,
+            snap=snap,
+            key=key,
+            hf_weights=trainer.hf_weights,
+            hf_config=trainer.hf_config,
+            tokenizer=tokenizer,
+        )
+    weights = trainer.gather_hf_weights()  # a collective: every rank takes part, rank 0 gets the weights
+    if weights is None:
+        return None
+    return partial(export_hf, weights=weights, hf_config=trainer.hf_config, tokenizer=tokenizer)

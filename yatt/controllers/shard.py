@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yatt.checkpoint.export import export_snapshot
+from yatt.checkpoint.export import PolicyWriter, policy_writer
 from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.checkpoint.snapshot import Snapshot
 from yatt.config import ExperimentConfig
@@ -239,11 +239,10 @@ class ControllerShard:
     def export_policy(self, folder: Path) -> None:
         self.trainer.save_hf(folder, self.saved_with_weights)
 
-    def export_checkpoint(self, folder: Path, snap: Snapshot) -> None:
-        """The policy as a Hugging Face folder, from a checkpoint's host copy of the replicated state
-        (checkpoint.export_hf; runs in the background writer)."""
-        trainer = self.trainer
-        export_snapshot(folder, snap, "trainer", trainer.hf_weights, trainer.hf_config, self.saved_with_weights)
+    def export_checkpoint(self, snap: Snapshot | None) -> PolicyWriter | None:
+        """checkpoint.export_hf's hook, on every rank at a save: what rank 0's background writer runs to write
+        the policy as a Hugging Face folder (yatt.checkpoint.export.policy_writer: snapshot or gathered)."""
+        return policy_writer(self.trainer, snap, "trainer", self.saved_with_weights)
 
     def close(self) -> None:
         self.engines.close()

@@ -59,7 +59,14 @@ class Trainer(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
-        """The Hugging Face-named policy weights within a (snapshot of a) `state_dict()` (checkpoint export)."""
+        """The Hugging Face-named policy weights within a (snapshot of a) `state_dict()`: how a `replicated`
+        trainer's checkpoint export finds them (rank 0's snapshot holds the whole policy). Replicated only."""
+        ...
+
+    def gather_hf_weights(self) -> dict[str, Tensor] | None:
+        """Collective (every rank calls it): the whole policy under Hugging Face names as a host copy on rank 0
+        (never a view of live weights), None on the other ranks. A sharded trainer's checkpoint export and
+        `save_hf` gather its shards this way."""
         ...
 
     @property

@@ -52,11 +52,6 @@ def preflight(cfg: ExperimentConfig, world_size: int) -> None:
         )
     if importlib.util.find_spec("megatron") is None:
         raise ValueError("trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
-    if tp * pp > 1 and cfg.checkpoint.export_hf:
-        raise ValueError(
-            "checkpoint.export_hf needs the whole model on one rank; with tensor/pipeline "
-            "parallelism the final policy is exported (run.export_policy) by gathering the shards"
-        )
 
 
 MEGATRON = Backend(

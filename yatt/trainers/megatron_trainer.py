@@ -37,7 +37,7 @@ from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch
 from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.trainers.megatron_scoring import MegatronScorer
-from yatt.trainers.megatron_weights import gathered_buckets
+from yatt.trainers.megatron_weights import gathered_buckets, hf_units
 from yatt.trainers.packing import model_inputs
 from yatt.trainers.torch_trainer import lr_factor
 
@@ -342,10 +342,27 @@ class MegatronTrainer:
     def hf_config(self) -> Any:
         return self._hf_config
 
+    def gather_hf_weights(self) -> dict[str, Tensor] | None:
+        """Collective (every rank of the world calls it): the whole policy under HF names as a contiguous host
+        copy on rank 0, None on the other ranks. Gathered unit by unit as for the engines (TP shards
+        all-gathered, PP stages broadcast) by the model-parallel group of rank 0 (data-parallel rank 0); the
+        other groups hold the same weights and return at once. A copy, never a view of a live parameter, so
+        training may go on while a checkpoint's writer writes it."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_rank() != 0:
+            return None
+        weights: dict[str, Tensor] = {}
+        for unit in hf_units(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, self.world.device):
+            if self.world.is_main:
+                weights.update({k: torch.empty(v.shape, dtype=v.dtype).copy_(v) for k, v in unit.items()})
+        return weights if self.world.is_main else None
+
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
-        """Collective (every rank calls it): the shards gathered into one HF folder, written by rank 0."""
-        weights = {k: v for bucket in self.engine_weights(1 << 30) for k, v in bucket}
-        if not self.world.is_main:
+        """Collective (every rank calls it): the shards gathered (gather_hf_weights) into one HF folder, written
+        by rank 0."""
+        weights = self.gather_hf_weights()
+        if weights is None:
             return
         model = AutoModelForCausalLM.from_config(self._hf_config, dtype=self.dtype)
         model.load_state_dict(weights, strict=False)
@@ -392,21 +409,6 @@ class MegatronTrainer:
                 for p, t in zip(mains, saved["main"]):
                     p.copy_(t)
             self._set_lr(self.optimizer_steps)
-
-    def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
-        """HF weights from one rank's snapshot: only possible when that shard is the whole model (TP=PP=1);
-        a split model is exported with the collective save_hf."""
-        if self.tp * self.pp != 1:
-            raise ValueError(
-                "checkpoint.export_hf needs the whole model in one shard (TP=PP=1); "
-                "a split model is exported by save_hf"
-            )
-        model = state["model"]
-        layers = [
-            (i, {k.split(".", 3)[3]: v for k, v in model.items() if k.startswith(f"decoder.layers.{i}.")})
-            for i in range(self._hf_config.num_hidden_layers)
-        ]
-        return mm.hf_from_full_mcore(layers, model, self._hf_config)
 
     # ---- device ownership --------------------------------------------------------------------------------
     def _state_bytes(self) -> int:

@@ -300,6 +300,12 @@ class TorchTrainer:
     def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
         return dict(state["model"])
 
+    def gather_hf_weights(self) -> dict[str, Tensor] | None:
+        """Every rank holds the whole policy: a host copy of it on rank 0, None elsewhere."""
+        if not self.world.is_main:
+            return None
+        return {k: torch.empty(v.shape, dtype=v.dtype).copy_(v) for k, v in self.named_weights()}
+
     @property
     def hf_config(self) -> Any:
         return self.module.config
