@@ -174,6 +174,59 @@ def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple
     }
 
 
+def critic_step_body(
+    world,
+    folder: str,
+    policy: str,
+    tp: int,
+    pp: int,
+    batch,
+    rows: list[list[int]],
+    denominators: tuple,
+    trainer_kwargs: dict,
+    seed: int,
+) -> dict:
+    """PPO's critic on megatron (head="value"): a value model built from the causal LM `policy` after
+    torch.manual_seed(seed) (its new head), and one from the saved value model `folder`: its values before one
+    train_mini_batch with the clipped value loss on this rank's rows, the stats, the weights after it under HF
+    names, and the values of a fresh trainer loaded from the trained one's state_dict."""
+    import copy
+
+    from yatt.config import TrainerConfig
+    from yatt.controllers.critic import Critic
+    from yatt.trainers.critic_config import CriticConfig
+    from yatt.trainers.megatron_config import MegatronConfig
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    cfg = TrainerConfig(
+        backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp), **trainer_kwargs
+    )
+    torch.manual_seed(seed)
+    new = MegatronTrainer(policy, cfg, world, trainable=False, head="value")
+    new_head = {k: v.clone() for bucket in new.engine_weights(1 << 20) for k, v in bucket if k.startswith("score.")}
+    trainer = MegatronTrainer(folder, cfg, world, total_steps=4, head="value")
+    mine = batch.select(rows[trainer.dp_rank])  # extras (old values, returns) come along
+    values = trainer.values(mine)
+    tokens, seqs, norm_length = denominators
+    loss = Critic(CriticConfig(), trainer, world, "token-mean", norm_length).objective(tokens, seqs)
+    stats = trainer.train_mini_batch(mine, loss)
+    weights = {k: v.clone() for bucket in trainer.engine_weights(1 << 16) for k, v in bucket}
+    saved = copy.deepcopy(trainer.state_dict())
+    resumed = MegatronTrainer(folder, cfg, world, total_steps=4, head="value")
+    resumed.load_state_dict(saved)
+    return {
+        "new_head": new_head,
+        "values": values,
+        "stats": stats,
+        "weights": weights,
+        "after": trainer.values(mine),
+        "resumed": resumed.values(mine),
+        "state_keys": sorted(saved["model"]),
+        "dp_rank": trainer.dp_rank,
+        "last_stage": trainer.pp_rank == pp - 1,
+    }
+
+
 def mismatch_body(world, folder: str, batch) -> str:
     """TP=2 ranks handed different rows: the trainer refuses instead of mixing them in one forward."""
     from yatt.config import TrainerConfig

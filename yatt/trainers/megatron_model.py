@@ -15,6 +15,9 @@ mapping of these two dense architectures is small, so it is written out here:
   copy as the output weight of the last stage (its gradients are summed by `finalize_model_grads`).
 - Pipeline parallelism numbers layers per stage from 0: stage s holds global layers
   [s * L / PP, (s + 1) * L / PP).
+- A value model (head="value", PPO's critic) has no output layer: the last stage holds `value_head`, a
+  [1, H] linear with bias replacing it, HF's token-classification `score`. Without sequence parallelism the
+  hidden states reaching it are whole on every TP rank, so the head is replicated (not split) over TP.
 
 Names: HF layer names are `model.layers.{i}.*`; megatron's (local spec) `decoder.layers.{i}.*`.
 """
@@ -49,7 +52,10 @@ _TP_DIM = {
     "self_attention.linear_proj.weight": 1,
     "mlp.linear_fc1.weight": 0,
     "mlp.linear_fc2.weight": 1,
+    "value_head.weight": None,
+    "value_head.bias": None,
 }
+HEADS = ("lm", "value")
 
 
 def head_dim(hf: Any) -> int:
@@ -131,10 +137,14 @@ def transformer_config(hf: Any, tp: int, pp: int, dtype: torch.dtype):
     )
 
 
-def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype):
-    """This pipeline stage's GPTModel (parallel state must be initialised), weights uninitialised."""
+def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype, head: str = "lm"):
+    """This pipeline stage's GPTModel (parallel state must be initialised), weights uninitialised. head="value":
+    the last stage's output layer is replaced by `value_head` (nothing shares the embedding then)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    if head not in HEADS:
+        raise ValueError(f"unknown trainer head {head!r}; one of: {', '.join(HEADS)}")
 
     gpt = GPTModel(
         config=transformer_config(hf, tp, pp, dtype),
@@ -144,11 +154,15 @@ def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype):
         pre_process=pp_rank == 0,
         post_process=pp_rank == pp - 1,
         parallel_output=True,
-        share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
+        share_embeddings_and_output_weights=bool(hf.tie_word_embeddings) and head == "lm",
         position_embedding_type="rope",
         rotary_base=rope_theta(hf),
         rotary_percent=1.0,
     )
+    if head == "value" and gpt.post_process:
+        gpt.output_layer = None  # no vocabulary-sized weights (nor their Adam state) in a value model
+        # skip_init: no draw from the global RNG here (the trainer initialises it as transformers does)
+        gpt.value_head = torch.nn.utils.skip_init(torch.nn.Linear, hf.hidden_size, 1, bias=True, dtype=dtype)
     mark_tensor_parallel(gpt)
     return gpt
 
@@ -216,24 +230,31 @@ def mcore_layer_to_hf(mc_layer: dict[str, Tensor], hf: Any) -> dict[str, Tensor]
     return out
 
 
-def hf_extras_to_mcore(hf_state: dict[str, Tensor], hf: Any, tp: int) -> dict[str, Tensor]:
-    """Embedding, final norm and (untied) output head, full tensors, vocabulary padded."""
+def hf_extras_to_mcore(hf_state: dict[str, Tensor], hf: Any, tp: int, head: str = "lm") -> dict[str, Tensor]:
+    """Embedding, final norm and (untied) output head, full tensors, vocabulary padded. head="value": the
+    folder's token-classification `score` as the value head if it has one (a causal LM's folder has not: the
+    trainer initialises a new head), never an output layer."""
     rows = padded_vocab(hf.vocab_size, tp)
     out = {
         "embedding.word_embeddings.weight": _pad_rows(hf_state["model.embed_tokens.weight"], rows),
         "decoder.final_layernorm.weight": hf_state["model.norm.weight"],
     }
-    if not hf.tie_word_embeddings:
+    if head == "value":
+        out.update({f"value_head.{k}": hf_state[f"score.{k}"] for k in ("weight", "bias") if f"score.{k}" in hf_state})
+    elif not hf.tie_word_embeddings:
         out["output_layer.weight"] = _pad_rows(hf_state["lm_head.weight"], rows)
     return out
 
 
 def mcore_extras_to_hf(mc: dict[str, Tensor], hf: Any) -> dict[str, Tensor]:
+    """The inverse of hf_extras_to_mcore: a value model's head becomes `score` (HF's token classification)."""
     out = {
         "model.embed_tokens.weight": mc["embedding.word_embeddings.weight"][: hf.vocab_size],
         "model.norm.weight": mc["decoder.final_layernorm.weight"],
     }
-    if not hf.tie_word_embeddings:
+    if "value_head.weight" in mc:
+        out.update({f"score.{k}": mc[f"value_head.{k}"] for k in ("weight", "bias")})
+    elif not hf.tie_word_embeddings:
         out["lm_head.weight"] = mc["output_layer.weight"][: hf.vocab_size]
     return out
 
@@ -288,20 +309,25 @@ def hf_layer_tensors(hf_state: dict[str, Tensor], layer: int) -> dict[str, Tenso
 
 
 def local_state_from_hf(
-    hf_state: dict[str, Tensor], hf: Any, tp: int, tp_rank: int, pp: int, pp_rank: int, tied_output: bool
+    hf_state: dict[str, Tensor],
+    hf: Any,
+    tp: int,
+    tp_rank: int,
+    pp: int,
+    pp_rank: int,
+    tied_output: bool,
+    head: str = "lm",
 ) -> dict[str, Tensor]:
     """This (TP rank, PP stage)'s megatron state dict from full HF weights. `tied_output`: the stage holds the
     tied output weight (`output_layer.weight` on the last stage when the first is another one)."""
     out: dict[str, Tensor] = {}
     first, last = pp_rank == 0, pp_rank == pp - 1
-    extras = hf_extras_to_mcore(hf_state, hf, tp)
+    extras = hf_extras_to_mcore(hf_state, hf, tp, head)
     for name, full in extras.items():
         if (
             name.startswith("embedding.")
             and first
-            or name.startswith("decoder.")
-            and last
-            or name.startswith("output_layer.")
+            or name.startswith(("decoder.", "output_layer.", "value_head."))
             and last
         ):
             out[name] = shard(name, full, tp_rank, tp)

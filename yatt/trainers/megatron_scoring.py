@@ -9,6 +9,12 @@ of the gradient. (megatron's `vocab_parallel_cross_entropy` gives -log p only an
 
 Only the positions whose next token is scored reach the output layer ([M, 1, H] instead of [L, B, H]), and
 the logits columns past the real vocabulary (padding to a multiple of TP) are masked out.
+
+A value model (PPO's critic, `value_head` in place of the output layer: yatt.trainers.megatron_model) gives
+one float32 value per scored position instead. Its head is replicated over TP and sees the same whole hidden
+states on every TP rank, so no reduction is needed: each rank computes the same values and loss, hence the
+same head gradient and the whole gradient of the hidden states (the decoder's last all-reduce passes it
+through unchanged in backward, as for the final norm's replicated weight).
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ def vocab_parallel_scores(
 
 
 class MegatronScorer(nn.Module):
-    """GPTModel seen as (input ids, scored positions) -> per-token log-probs (and entropies) [M].
+    """GPTModel seen as (input ids, scored positions) -> per-token log-probs (and entropies) [M], or with a
+    `value_head` per-token values [M] (and no entropy): the call of `yatt.trainers.scoring.TokenScorer`.
 
     The GPTModel is the attribute `module`, so megatron's helpers that look for model attributes through
     wrappers (`get_attr_wrapped_model`: set_input_tensor, pre_process, shared_embedding_or_output_weight)
@@ -84,6 +91,10 @@ class MegatronScorer(nn.Module):
             return hidden
         # [L, B, H] -> the scored rows (row-major over [B, L], as yatt.trainers.packing numbers them)
         hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1]).index_select(0, select)
+        if gpt.output_layer is None:  # a value model: targets and temperature do not apply to values
+            if with_entropy:
+                raise ValueError("a value model has no entropy")
+            return gpt.value_head(hidden)[:, 0].float(), None
         weight = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else None
         logits, _ = gpt.output_layer(hidden[:, None], weight=weight)
         logits = logits[:, 0]

@@ -12,6 +12,12 @@ reduction (`yatt.trainers.megatron_scoring`), never from gathered full-vocabular
 right-padded rows (megatron's packed-sequence attention needs Transformer Engine); `pack_sequences`,
 `logprob_chunk_tokens`, `activation_checkpointing` and `autocast` are torch-backend settings.
 
+head="value" (PPO's critic): the same decoder with `value_head` on the last stage in place of the output layer,
+a [1, H] linear replicated over TP (yatt.trainers.megatron_model, yatt.trainers.megatron_scoring). It starts
+from the folder's `score` when the folder is a saved value model (one-label token classification), else as
+transformers initialises a new `score` (normal(0, initializer_range) from the global RNG, zero bias), so the
+torch backend's critic and this one start equal for the same seed.
+
 bfloat16: the model's weights and gradients are bfloat16, and megatron's optimizer keeps float32 master
 weights and Adam state (sharded over DP), as megatron always does for half-precision training.
 """
@@ -27,7 +33,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 from torch import Tensor
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
@@ -76,10 +82,8 @@ class MegatronTrainer:
         head: str = "lm",
         freeze_vision: bool = False,
     ):
-        if head != "lm":
-            raise ValueError(
-                f"trainer.backend=megatron has no {head!r} head (PPO's critic needs trainer.backend=torch)"
-            )
+        if head not in mm.HEADS:
+            raise ValueError(f"unknown trainer head {head!r}; one of: {', '.join(mm.HEADS)}")
         if freeze_vision or is_vision_model(model_path):
             raise ValueError(f"{model_path}: trainer.backend=megatron serves text models only")
         self.head = head
@@ -90,7 +94,8 @@ class MegatronTrainer:
 
         self.cfg, self.world, self.trainable, self.total_steps = cfg, world, trainable, total_steps
         self.tp, self.pp = cfg.model_parallel  # trainer.megatron (yatt.trainers.megatron_config)
-        self._hf_config = AutoConfig.from_pretrained(str(model_path))
+        # a value model's config says one label, as the torch backend's (save_hf writes a value model)
+        self._hf_config = AutoConfig.from_pretrained(str(model_path), **({"num_labels": 1} if head == "value" else {}))
         self.dtype = DTYPES[cfg.dtype]
         self.optimizer = None
         self.optimizer_steps = 0
@@ -104,28 +109,54 @@ class MegatronTrainer:
                     f"megatron placed rank {world.rank} at data-parallel rank {self.dp_rank}, not "
                     f"{(world.rank // self.tp) % self.dp_size} as yatt's data view assumes"
                 )
-            self.gpt = mm.build_gpt(self._hf_config, self.tp, self.pp, self.pp_rank, self.dtype)
-            tied_output = self._hf_config.tie_word_embeddings and self.pp > 1 and self.pp_rank == self.pp - 1
+            self.gpt = mm.build_gpt(self._hf_config, self.tp, self.pp, self.pp_rank, self.dtype, head)
+            last = self.pp_rank == self.pp - 1
+            tied_output = self._hf_config.tie_word_embeddings and self.pp > 1 and last and head == "lm"
+            hf_state = read_hf_weights(Path(model_path))
             state = mm.local_state_from_hf(
-                read_hf_weights(Path(model_path)),
-                self._hf_config,
-                self.tp,
-                self.tp_rank,
-                self.pp,
-                self.pp_rank,
-                tied_output,
+                hf_state, self._hf_config, self.tp, self.tp_rank, self.pp, self.pp_rank, tied_output, head
             )
+            new_head = head == "value" and "score.weight" not in hf_state
+            if new_head:  # every rank draws, so the global RNG moves alike on every rank (as with torch's critic)
+                fresh = self._new_value_head()
+                state.update(fresh if last else {})
+            del hf_state
             self.gpt.load_state_dict({k: v.to(self.dtype) for k, v in state.items()}, strict=False)
             self._check_loaded(state)
             # megatron's parallel linears take params_dtype, its norms (torch RMSNorm) do not: cast the rest
             # as megatron's Float16Module would
             self.gpt.to(world.device, self.dtype)
+            if new_head and last:
+                self._agree_value_head()
             self.scorer = MegatronScorer(self.gpt, self._hf_config.vocab_size)
             self.model: torch.nn.Module = self.scorer
             if trainable:
                 self._build_optimizer()
             else:
                 self.gpt.eval().requires_grad_(False)
+
+    def _new_value_head(self) -> dict[str, Tensor]:
+        """A new value head as transformers initialises a token-classification `score` missing from a folder
+        (`_init_weights` of a Linear: normal(0, initializer_range) weight, zero bias), drawn in the weights'
+        dtype from the global RNG: the torch backend's critic built at the same RNG state gets the same head."""
+        hidden, std = self._hf_config.hidden_size, self._hf_config.initializer_range
+        return {
+            "value_head.weight": torch.empty(1, hidden, dtype=self.dtype).normal_(0.0, std),
+            "value_head.bias": torch.zeros(1, dtype=self.dtype),
+        }
+
+    @torch.no_grad()
+    def _agree_value_head(self) -> None:
+        """A freshly drawn head is the same on every last-stage rank only if their RNGs were seeded alike;
+        the ranks holding it (this TP group, then this data-parallel group) take the first rank's, so a
+        replicated parameter never starts different across replicas."""
+        from megatron.core import parallel_state as ps
+
+        groups = [ps.get_tensor_model_parallel_group(), ps.get_data_parallel_group()]
+        for group in groups:
+            if dist.get_world_size(group) > 1:
+                for p in self.gpt.value_head.parameters():
+                    dist.broadcast(p.data, src=dist.get_global_rank(group, 0), group=group)
 
     def _check_loaded(self, state: dict[str, Tensor]) -> None:
         params = {k for k, _ in self.gpt.named_parameters()}
@@ -287,6 +318,19 @@ class MegatronTrainer:
         return max(1, int(self.world.max([float(len(micro))])[0]))
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Per-token log-probs (and entropies), [B, L-1] on CPU on every rank (head="lm")."""
+        if self.head != "lm":
+            raise ValueError(f"logprobs() of a {self.head}-head model; it has values()")
+        return self._per_token(batch, with_entropy)
+
+    def values(self, batch: TokenBatch) -> Tensor:
+        """Per-token values, [B, L-1] on CPU on every rank, 0 outside the mask (head="value")."""
+        if self.head != "value":
+            raise ValueError(f"values() of a {self.head}-head model; it has logprobs()")
+        return self._per_token(batch, False)[0]
+
+    def _per_token(self, batch: TokenBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """The scorer's per-token outputs (log-probs or values, and entropies) from the last stage."""
         self._check_same_batch(batch)
         micro = self.micro_batches(batch)
         with torch.no_grad():
@@ -360,11 +404,12 @@ class MegatronTrainer:
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
         """Collective (every rank calls it): the shards gathered (gather_hf_weights) into one HF folder, written
-        by rank 0."""
+        by rank 0 (a value model as a one-label token-classification model, the torch backend's critic)."""
         weights = self.gather_hf_weights()
         if weights is None:
             return
-        model = AutoModelForCausalLM.from_config(self._hf_config, dtype=self.dtype)
+        auto = AutoModelForTokenClassification if self.head == "value" else AutoModelForCausalLM
+        model = auto.from_config(self._hf_config, dtype=self.dtype)
         model.load_state_dict(weights, strict=False)
         model.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))

@@ -20,7 +20,13 @@ from torch import Tensor, nn
 from yatt.tensors import NamedTensors
 from yatt.trainers import megatron_model as mm
 
-_EXTRAS = ("embedding.word_embeddings.weight", "decoder.final_layernorm.weight", "output_layer.weight")
+_EXTRAS = (
+    "embedding.word_embeddings.weight",
+    "decoder.final_layernorm.weight",
+    "output_layer.weight",
+    "value_head.weight",  # a value model's (head="value"), replicated over TP
+    "value_head.bias",
+)
 
 
 def tp_gather(name: str, t: Tensor, tp: int) -> Tensor:
