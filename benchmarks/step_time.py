@@ -11,7 +11,9 @@ seeds. (benchmarks/results/step_time.md also has a row for the code before these
 by this script's earlier version.)
 
 Workloads:
-- quickstart: real RL runs, `torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml
+- quickstart (its "megatron TP=2" variant runs the defaults on the megatron backend, one tensor-parallel group
+  of both ranks; the report gives its step time over the torch backend's, "all (defaults)"): real RL runs,
+  `torchrun --nproc_per_node 2 launch/train.py --config configs/quickstart.yaml
   --placement full` (or --config) for --steps steps each (no eval, no checkpoints). Per variant: the median over steps
   (the first 3 left out: warm-up) of the step time and of each stage's time (max over ranks, as logged in
   metrics.jsonl), the rollout-vs-trainer log-prob mismatch, and the peak RSS of each rank process (VmHWM,
@@ -58,6 +60,8 @@ QUICKSTART = {  # variant: (trainer settings, algorithm settings, other override
     "all, vllm engine": ({}, {}, VLLM),
     # the config's own engine (the quickstart's is hf; both sample the same distribution: README)
     "all (defaults)": ({}, {}, []),
+    # the same defaults on the megatron backend, one model-parallel group of 2 (generation split over it)
+    "megatron TP=2": ({}, {}, ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"]),
 }
 TRAINER_100M = {
     "all off": (OFF, {"old_logprobs": "recompute"}),
@@ -403,6 +407,10 @@ def main() -> int:
             ),
             "",
         ]
+        steps = {r["variant"]: r["step_s"] for r in results["quickstart"]}
+        if {"megatron TP=2", "all (defaults)"} <= set(steps):
+            ratio = steps["megatron TP=2"] / steps["all (defaults)"]
+            md += [f"megatron TP=2 / all (defaults), median step time: **{ratio:.2f}x**\n"]
     if "100m" in results:
         md += [
             "## 100M-class trainer (2 ranks, 32 samples, responses 64-128 tokens)\n",

@@ -219,16 +219,19 @@ def test_step_time_rl_runs(tmp_path):
         "4",
         "--variants",
         "all (defaults)",
+        "megatron TP=2",
         "--out",
         str(tmp_path / "step_time"),
         cwd=tmp_path,
         timeout=900,
     )
     rows = results(tmp_path / "step_time.json", tmp_path)["quickstart"]
-    assert [r["variant"] for r in rows] == ["all off", "all (defaults)"]
+    assert [r["variant"] for r in rows] == ["all off", "all (defaults)", "megatron TP=2"]
     for r in rows:
         assert r["steps"] == 1 and r["step_s"] > 0 and r["update_s"] > 0 and len(r["peak_rss_gib"]) == 2
-    assert "## exp.yaml (2 ranks, median of steps 4-4)" in (tmp_path / "step_time.md").read_text()
+    report = (tmp_path / "step_time.md").read_text()
+    assert "## exp.yaml (2 ranks, median of steps 4-4)" in report
+    assert "megatron TP=2 / all (defaults), median step time: **" in report
 
 
 def test_committed_results_hold_no_machine_paths():
