@@ -1,7 +1,7 @@
 """GPU check of the whole RL loop on one GPU, without vLLM: does the GPU path run end to end?
 
     python scripts/gpu_check_e2e.py [--steps 30] [--out DIR] [--config configs/quickstart.yaml] [--model DIR]
-        [--trainer-backend torch|megatron] [--dtype bfloat16|float32] [--max-logprob-diff X]
+        [--trainer-backend torch|megatron] [--dtype bfloat16|float32] [--max-logprob-diff X] [--composed]
 
 Runs `torchrun --nproc_per_node 1 launch/train.py` (so the process group is real: NCCL for model tensors,
 gloo for metadata, world size 1) on the quickstart config for `--steps` steps with the `hf` rollout engine
@@ -20,6 +20,13 @@ the GPU machine). Then it checks, from metrics.jsonl and the exported policy:
   where the two agree to about 1e-6, tests/test_hf_engine.py);
 - offload frees memory: placement/offload_freed_bytes > 0 at every step (engine sleep + trainer offload);
 - the step ran collectives under NCCL: the run's process-group backend, as the rank reports it.
+
+With --composed, the run composes the features a user at scale turns on together: the config (by default
+configs/quickstart_genrm.yaml, which needs models/quickstart-judge too: `make quickstart-genrm` builds it) is
+judged by its GenRM judges on hf engines in --dtype (judging between rollout and training, under full
+placement), with balancing on and `checkpoint.export_hf`; it also checks
+- judged: every step's samples went through the judges (genrm/judged > 0);
+- export loads: the last checkpoint's policy/ folder loads with transformers and gives finite logits.
 
 Prints one JSON report (also written to --out as gpu_check_e2e.json) and exits 1 if a check fails. About 2
 minutes on one H200.
@@ -51,7 +58,12 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     another entry point, e.g. gpu_check_megatron.py, makes this check its own)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="default: configs/quickstart.yaml (quickstart_genrm.yaml if --composed)",
+    )
     parser.add_argument("--model", type=Path, default=None, help="the policy folder (default: the config's)")
     parser.add_argument("--trainer-backend", choices=TRAINERS.names(), default="torch", help="trainer.backend")
     parser.add_argument(
@@ -59,6 +71,7 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     )
     parser.add_argument("--max-logprob-diff", type=float, default=None, help="default: by --dtype")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report into this folder")
+    parser.add_argument("--composed", action="store_true", help="GenRM judges, balancing and export_hf (see above)")
     parser.set_defaults(**defaults)
     args = parser.parse_args(argv)
     max_diff = MAX_LOGPROB_DIFF[args.dtype] if args.max_logprob_diff is None else args.max_logprob_diff
@@ -67,6 +80,17 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     gpu = torch.cuda.is_available()
     from yatt.config import load_experiment
 
+    args.config = args.config or REPO / (
+        "configs/quickstart_genrm.yaml" if args.composed else "configs/quickstart.yaml"
+    )
+    runs = Path(tempfile.mkdtemp(prefix=f"yatt-{name}-"))
+    if args.composed:  # the config with its judges on hf engines: this machine may have no vLLM
+        tree = yaml.safe_load(args.config.read_text())
+        for judge in tree.get("reward", {}).get("judges", []):
+            engine = {k: v for k, v in (judge.get("engine") or {}).items() if k != "vllm"}
+            judge["engine"] = engine | {"backend": "hf", "dtype": args.dtype}
+        args.config = runs / args.config.name
+        args.config.write_text(yaml.safe_dump(tree))
     model = (args.model or load_experiment(args.config).model.path).resolve()
     if not (model / "config.json").is_file():
         print(
@@ -74,7 +98,6 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
             file=sys.stderr,
         )
         return 2
-    runs = Path(tempfile.mkdtemp(prefix=f"yatt-{name}-"))
     overrides = [
         f"model.path={model}",
         f"run.output_dir={runs}",
@@ -89,6 +112,8 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
         f"trainer.dtype={args.dtype}",
         f"trainer.backend={args.trainer_backend}",
     ]
+    if args.composed:
+        overrides += ["balance.enabled=true", "checkpoint.export_hf=true"]
     cmd = [
         sys.executable,
         "-m",
@@ -146,6 +171,9 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
             for r in steps
         )
         checks["logprobs_agree"] = max(lp_diff) <= max_diff
+        if args.composed:
+            report["judged"] = [r.get("genrm/judged", 0) for r in steps]
+            checks["judged"] = min(report["judged"]) > 0
         if gpu:
             checks["offload_frees_memory"] = min(freed) > 0
     backend = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if "process group backend" in line]
@@ -161,6 +189,8 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
         checks["weights_moved"] = report["max_weight_change"] > 0
     else:
         checks["weights_moved"] = False
+    if args.composed:
+        checks["export_loads"] = exported_policy_loads(run_dir, report)
     report["checks"] = checks
     report["skipped"] = [] if gpu else ["offload_frees_memory", "nccl_group"]
     report["ok"] = all(checks.values())
@@ -172,6 +202,21 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"{name}.json").write_text(text + "\n")
     return 0 if report["ok"] else 1
+
+
+def exported_policy_loads(run_dir: Path, report: dict) -> bool:
+    """The last checkpoint's policy/ (checkpoint.export_hf) loads as a causal LM and scores a prompt finitely."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    exports = sorted(run_dir.glob("checkpoints/step-*/policy"))
+    if not exports:
+        return False
+    report["export"] = exports[-1].relative_to(run_dir).as_posix()
+    model = AutoModelForCausalLM.from_pretrained(exports[-1])
+    with torch.no_grad():
+        logits = model(torch.arange(1, 9).unsqueeze(0)).logits
+    return bool(torch.isfinite(logits).all())
 
 
 if __name__ == "__main__":

@@ -2,12 +2,17 @@
 `trainer.backend=megatron` (TP=1, PP=1), the `hf` rollout engine, bfloat16, 10 steps by default.
 
     python scripts/gpu_check_megatron.py [--steps 10] [--out DIR] [the other options of gpu_check_e2e.py]
+    python scripts/gpu_check_megatron.py --composed   # + GenRM judge (hf engine), balancing, export_hf
 
 Checks what gpu_check_e2e.py checks (finite loss and no skipped step, weights moving, engine/trainer log-prob
 agreement, offload freeing GPU memory, NCCL for the process group), here for megatron's GPTModel, DDP and
 distributed optimizer unpatched on CUDA: bfloat16 weights and gradients, float32 master weights, the policy
 gathered back to Hugging Face names for the engine after every step and for the exported folder. It needs
 models/quickstart-policy like gpu_check_e2e.py. Writes gpu_check_megatron.json into --out.
+
+--composed is the composed configuration on one GPU (TP=1, full placement): configs/quickstart_genrm.yaml, its
+judge (models/quickstart-judge, carried too) on an hf engine, balancing and `checkpoint.export_hf` on; it adds the
+checks that every step was judged and that the exported policy folder loads (gpu_check_e2e.py).
 
 megatron-core on the GPU machine (it has torch but no network and no megatron-core; a carried folder holds at
 most 64 MiB): carry megatron-core 0.16.1 from a machine with network, without its dependencies (torch is

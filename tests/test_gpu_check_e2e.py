@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e import ONE_TOKEN_GRPO, env, experiment
+from e2e import ONE_TOKEN_GRPO, env, experiment, genrm_reward
 from megatron_ranks import needs_megatron
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 
 
-def passing_report(tmp_path: Path, script: str) -> dict:
+def passing_report(tmp_path: Path, script: str, *args: str, body: str = "") -> dict:
     """Run scripts/<script>.py for 3 steps on the tiny one-token GRPO experiment; its report, checked."""
-    config = experiment(tmp_path, ONE_TOKEN_GRPO)
+    config = experiment(tmp_path, ONE_TOKEN_GRPO + body)
     proc = subprocess.run(
         [
             sys.executable,
@@ -30,6 +30,7 @@ def passing_report(tmp_path: Path, script: str) -> dict:
             "3",
             "--out",
             str(tmp_path),
+            *args,
         ],
         capture_output=True,
         text=True,
@@ -57,3 +58,13 @@ def test_gpu_check_megatron_passes(tmp_path):
     assert report["trainer_backend"] == "megatron"
     if not torch.cuda.is_available():  # float32: the engine samples from exactly the trainer's weights
         assert report["dtype"] == "float32" and report["logprob_diff_mean_max"] < 1e-3, report
+
+
+@needs_megatron
+def test_gpu_check_megatron_composed_passes(tmp_path):
+    """The composed configuration: a GenRM judge configured for vLLM (switched to an hf engine by the script),
+    balancing and export_hf; every step judged, the exported policy loads."""
+    judged = genrm_reward(tmp_path, "{vllm: {kv_cache_gib: 0.5}}")
+    report = passing_report(tmp_path, "gpu_check_megatron", "--composed", body=judged)
+    assert report["trainer_backend"] == "megatron" and report["checks"]["judged"], report
+    assert report["checks"]["export_loads"] and report["export"].startswith("checkpoints/step-"), report
