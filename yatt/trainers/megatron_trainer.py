@@ -376,10 +376,10 @@ class MegatronTrainer:
         outputs = self._from_last_stage([(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs])
         if ps.is_pipeline_last_stage():
             return
-        with torch.no_grad():
-            for rows, logp, ent in outputs:
-                loss_fn(logp, ent, batch.select(rows))
+        for rows, logp, ent in outputs:
+            loss_fn(logp, ent, batch.select(rows))
 
+    @torch.no_grad()
     def _clip_and_step(self) -> float:
         """megatron's optimizer step (ChainedOptimizer.step), except that a non-finite gradient norm skips the
         update as in the torch backend. The norm is over the whole model (all TP/PP shards, once each)."""
