@@ -77,7 +77,9 @@ def step_placement_metrics(
     out.update(device_metrics(devices, owned, busy["rollout"] + busy["genrm"] + busy["train"], step_s))
     if judges:
         out.update(
-            judge_metrics(world, judges, rollouts, gen.judged, gen.unparseable, busy["genrm"], gen.max_judge_queue)
+            judge_metrics(
+                world, judges, rollouts, gen.judged, gen.unparseable, load["load/genrm_busy_s"], gen.max_judge_queue
+            )
         )
     out.update(pool_metrics(world, gen.pools, list(judges)))
     return out
@@ -116,13 +118,11 @@ def judge_metrics(
     world: World, judges: dict, rollouts: list, judged: int, unparseable: int, judge_busy_s: float, max_queue: int
 ) -> dict[str, float]:
     """Throughput (judged responses per busy judge-second), unreadable verdicts, queue depth, and
-    agreement of each judge with the rule verifier."""
-    local = {
-        "genrm/judged": float(judged),
-        "unparseable": float(unparseable),
-        "judge_busy": judge_busy_s,
-        "samples": float(len(rollouts)),
-    }
+    agreement of each judge with the rule verifier. `judge_busy_s`: every device's judge engine time, already
+    summed over the torchrun world: summing it over `world` instead (the data-parallel one) would count only the
+    judges of this rank's data-parallel peers, none at all on a rollout device of a model-parallel group in
+    partial placement (64 judged / 1e-9 s logged), while `judged` counts each response once per data-parallel rank."""
+    local = {"genrm/judged": float(judged), "unparseable": float(unparseable), "samples": float(len(rollouts))}
     for name, judge in judges.items():
         threshold = judge.cfg.verdict.pass_threshold
         local[f"genrm/{name}/agree_with_rule"] = float(
@@ -132,7 +132,7 @@ def judge_metrics(
     repeats = sum(j.cfg.repeats for j in judges.values()) / len(judges)
     out = {
         "genrm/judged": s["genrm/judged"],
-        "genrm/judged_per_busy_s": s["genrm/judged"] / max(s["judge_busy"], 1e-9),
+        "genrm/judged_per_busy_s": s["genrm/judged"] / max(judge_busy_s, 1e-9),
         "genrm/unparseable_frac": s["unparseable"] / max(s["genrm/judged"] * repeats, 1.0),
         **maxed(world, {"genrm/max_queue": float(max_queue)}),
     }

@@ -218,7 +218,7 @@ class MegatronTrainer:
     ) -> tuple[list[tuple[list[int], Tensor, Tensor | None]], dict[str, float]]:
         """Run `count` micro-batches (those past len(micro) are zero-loss passes that keep data-parallel ranks
         in step) through megatron's schedule; forward-only without loss_fn. Returns, on the last pipeline
-        stage, (rows, logp [b, l-1], entropy) per real micro-batch and the loss_fn sums."""
+        stage, (rows, logp [b, l-1], entropy) per real micro-batch (detached) and the loss_fn sums."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         outputs: list[tuple[list[int], Tensor, Tensor | None]] = []
@@ -245,6 +245,7 @@ class MegatronTrainer:
                     return logp.sum() * 0.0, {}
                 if rows is None:
                     return logp.sum() * 0.0, {}
+                outputs.append((rows, logp.detach(), ent.detach() if with_entropy else None))  # for _replay
                 loss, stats = loss_fn(logp, ent, mb)
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
@@ -351,13 +352,32 @@ class MegatronTrainer:
         micro = self.micro_batches(batch)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        _, sums = self._schedule(batch, micro, self._count(micro), with_entropy, loss_fn)
+        outputs, sums = self._schedule(batch, micro, self._count(micro), with_entropy, loss_fn)
         sums = self._from_last_stage(sums)
+        self._replay(batch, outputs, loss_fn)
         with compat.on_cpu():
             grad_norm = self._clip_and_step()
         self.optimizer_steps += 1
         lr = self._set_lr(self.optimizer_steps)
         return {**sums, "grad_norm": grad_norm, "lr": lr, "skipped": float(not math.isfinite(grad_norm))}
+
+    @torch.no_grad()
+    def _replay(self, batch: TokenBatch, outputs: list, loss_fn: LossFn) -> None:
+        """loss_fn on the earlier pipeline stages too, with the last stage's log-probs and entropies (no grad, the
+        loss dropped). A loss function may record what it is handed (yatt.controllers.policy._recording fills in
+        the on-policy rows' old log-probs and every row's entropy for the step's metrics), and only the last
+        stage computes them: without this, the first stage (rank 0, which logs) reported the first mini-batch's
+        old log-probs as 0 at PP=2 (rollout/trainer_logprob_diff of |logp|, rollout_is ratios of 1/p) and
+        half the entropy."""
+        if self.pp == 1:
+            return
+        from megatron.core import parallel_state as ps
+
+        outputs = self._from_last_stage([(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs])
+        if ps.is_pipeline_last_stage():
+            return
+        for rows, logp, ent in outputs:
+            loss_fn(logp, ent, batch.select(rows))
 
     @torch.no_grad()
     def _clip_and_step(self) -> float:

@@ -1,0 +1,323 @@
+"""The composition matrix: yatt's features run together, pairwise. Seven dimensions (trainer backend, placement,
+reward, balancing, HF export in checkpoints, algorithm, dynamic sampling) would make 288 runs; every pair of values
+of every two dimensions appears in at least one of the 9 combinations below, so a bug that needs two features
+at once to show (the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny
+models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
+leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial
+placement, a GenRM judge, balancing) also resumes exactly after kill -9 during a background checkpoint write."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import signal
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+from e2e import JUDGE_TINY, experiment, process_tree, torchrun
+from megatron_ranks import HAVE_MEGATRON
+from safetensors.torch import load_file
+from test_checkpoint_resume_e2e import comparable, finish, launch, logged_steps, wait_for
+from test_megatron_e2e import DIGITS_TP
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from yatt.checkpoint.manifest import verify
+from yatt.config import load_experiment
+from yatt.config_loading import ConfigError
+from yatt.models.tiny import write_tiny_model
+
+
+class Combination(NamedTuple):
+    backend: str  # torch | tp2 (megatron tensor_parallel=2) | pp2 (megatron pipeline_parallel=2)
+    placement: str  # full | partial
+    reward: str  # rule (no judge) | genrm (the judge alone) | mixed (genrm_with_rule)
+    balance: bool
+    export_hf: bool  # checkpoint.export_hf, with a checkpoint at the last step
+    algorithm: str  # grpo | ppo (GAE advantages from a critic)
+    dynamic: bool  # algorithm.dynamic_sampling.enabled
+
+    @property
+    def id(self) -> str:
+        flags = [("bal", self.balance), ("exp", self.export_hf), ("ds", self.dynamic)]
+        return "-".join([self.backend, self.placement, self.reward, self.algorithm] + [n for n, on in flags if on])
+
+
+DIMENSIONS = {
+    "backend": ("torch", "tp2", "pp2"),
+    "placement": ("full", "partial"),
+    "reward": ("rule", "genrm", "mixed"),
+    "balance": (True, False),
+    "export_hf": (True, False),
+    "algorithm": ("grpo", "ppo"),
+    "dynamic": (True, False),
+}
+
+
+def allowed(c: Combination) -> bool:
+    """partial placement splits the devices between rollout and a judge: the config refuses it without one."""
+    return not (c.placement == "partial" and c.reward == "rule")
+
+
+# hand-checked output of a seeded greedy search (test_the_matrix_covers_every_allowed_pair keeps it honest);
+# the first is the main combination
+MAIN = Combination("tp2", "partial", "genrm", True, True, "grpo", False)
+COMBINATIONS = [
+    MAIN,
+    Combination("tp2", "full", "rule", False, False, "ppo", True),
+    Combination("torch", "partial", "mixed", False, True, "ppo", True),
+    Combination("pp2", "full", "mixed", True, False, "grpo", False),
+    Combination("pp2", "partial", "genrm", False, False, "grpo", True),
+    Combination("torch", "full", "rule", True, True, "grpo", False),
+    Combination("torch", "full", "genrm", False, False, "ppo", False),
+    Combination("pp2", "full", "rule", True, True, "ppo", True),
+    Combination("tp2", "partial", "mixed", False, True, "ppo", False),
+]
+# none: 9-36 s each, the whole module ~4 min on 2 shared CPU cores (the resume test ~1 min), within its budget
+SLOW: set[Combination] = set()
+
+
+def pairs(c: Combination) -> set[tuple]:
+    return {(a, b, c[i], c[j]) for (i, a), (j, b) in itertools.combinations(enumerate(Combination._fields), 2)}
+
+
+def test_the_matrix_covers_every_allowed_pair():
+    everything = [c for c in itertools.starmap(Combination, itertools.product(*DIMENSIONS.values())) if allowed(c)]
+    wanted = set().union(*map(pairs, everything))
+    covered = set().union(*map(pairs, COMBINATIONS))
+    assert wanted - covered == set(), sorted(wanted - covered)
+    assert all(allowed(c) for c in COMBINATIONS)
+    assert all(getattr(c, f) in DIMENSIONS[f] for c in COMBINATIONS for f in Combination._fields)
+    assert len({c.id for c in COMBINATIONS}) == len(COMBINATIONS)
+
+
+def test_the_constraint_is_the_configs(tmp_path):
+    """`allowed` leaves out exactly what yatt refuses: partial placement with a rule-only reward (no judge)."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"model: {{path: {tmp_path}}}\ndata: {{train: {{kind: jsonl, files: [{tmp_path}/t.jsonl]}}}}\n")
+    with pytest.raises(ConfigError, match="placement.mode=partial"):
+        load_experiment(config, placement="partial")
+    assert load_experiment(config, placement="full").reward.kind == "rule"
+
+
+STEPS = 2
+BODY = """rollout: {group_size: 8, max_new_tokens: 1, engine: {backend: hf, vllm: null}}
+algorithm: {mini_batches: 2, dynamic_sampling: {max_rounds: 2}}
+trainer: {lr: 0.01, micro_batch_size: 16}
+critic: {lr: 0.01, warmup_steps: 1}
+"""
+BACKENDS = {
+    "torch": [],
+    "tp2": ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"],
+    "pp2": ["trainer.backend=megatron", "trainer.megatron.pipeline_parallel=2"],
+}
+REWARD_KINDS = {"rule": "rule", "genrm": "genrm", "mixed": "genrm_with_rule"}
+FINAL = f"step-{STEPS:08d}"
+
+
+def readable_judge(folder: Path) -> Path:
+    """A tiny judge whose verdicts are always readable, so a GenRM-only reward varies within a group (the random
+    judge of e2e.genrm_reward never says a whole "yes" or "no": its reward would be constant, GRPO would train
+    nothing and dynamic sampling would keep nothing). Its layers add nothing to the residual stream (zero output
+    projections), so the next token is a fixed function of the last one, a bigram table in an untied output layer:
+    the response's last character an even digit -> "yes", anything else -> "no"."""
+    shape = JUDGE_TINY.model_copy(update={"max_position_embeddings": 32, "tie_word_embeddings": False})
+    write_tiny_model(folder, shape, seed=4)
+    model, vocab = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder).get_vocab()
+    follows = {**{str(d): "yn"[d % 2] for d in range(10)}, "y": "e", "e": "s", "n": "o", "s": "</s>", "o": "</s>"}
+    size, hidden = len(vocab), shape.hidden_size
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.eye(size, hidden))  # one-hot: the final norm keeps it one-hot
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        for token, i in vocab.items():
+            model.lm_head.weight[vocab[follows.get(token, "n")], i] = 1.0
+    model.save_pretrained(folder)
+    return folder
+
+
+def judge_section(tmp: Path, kind: str) -> str:
+    """e2e.genrm_reward's section with the readable judge and the combination's reward kind; the template ends
+    with the response, whose last character the judge reads."""
+    judge = readable_judge(tmp / "judge")
+    return f"""reward:
+  kind: {kind}
+  judges:
+    - name: j
+      model: {judge}
+      template: "{{question}}{{reference}}:{{response}}"
+      max_tokens: 3
+      unparseable_score: 0.5
+      engine: {{backend: hf}}
+"""
+
+
+def varied_rows(path: Path, count: int) -> None:
+    """Sums of 1- to 3-digit numbers: prompts of 4 to 8 tokens, so the ranks draw different work to balance."""
+    rng = random.Random(0)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randrange(10 ** rng.randint(1, 3)), rng.randrange(10 ** rng.randint(1, 3))
+        rows.append({"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "data_source": "exact_match"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
+    """The experiment YAML (shared settings, the judge when there is one, `body`) and the overrides that pick
+    the combination's values, as a user would type them."""
+    judge = judge_section(tmp, REWARD_KINDS[c.reward]) if c.reward != "rule" else ""
+    config = experiment(tmp, BODY + judge + body, model=DIGITS_TP)
+    varied_rows(tmp / "train.jsonl", 64)
+    overrides = [
+        "--placement",
+        c.placement,
+        *BACKENDS[c.backend],
+        f"reward.kind={REWARD_KINDS[c.reward]}",
+        f"balance.enabled={str(c.balance).lower()}",
+        f"checkpoint.export_hf={str(c.export_hf).lower()}",
+        f"algorithm.dynamic_sampling.enabled={str(c.dynamic).lower()}",
+        *(["algorithm.advantage.kind=gae"] if c.algorithm == "ppo" else []),
+    ]
+    return config, overrides
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def feature_keys(c: Combination) -> list[str]:
+    keys = ["reward/mean", "actor/policy_loss", "actor/grad_norm", "rollout/samples", "balance/moved_samples"]
+    keys += ["balance/imbalance_before", "balance/imbalance_after"]
+    if c.reward != "rule":
+        keys += ["genrm/judged", "genrm/unparseable_frac", "genrm/j/agree_with_rule"]
+    if c.algorithm == "ppo":
+        keys += ["critic/value_loss", "critic/grad_norm", "critic/explained_var", "critic/value_mean", "critic/warmup"]
+    if c.dynamic:
+        keys += ["dynamic_sampling/kept_groups", "dynamic_sampling/dropped_groups", "dynamic_sampling/queue"]
+    if c.placement == "partial":
+        keys += ["placement/rollout_devices", "placement/genrm_devices"]
+    return keys
+
+
+def check_metrics(c: Combination, logged: list[dict]) -> None:
+    assert [r["step"] for r in logged] == list(range(STEPS + 1))
+    # no exception needed: a step that trains on nothing (dynamic sampling keeping no group) logs 0, not NaN
+    for r in logged:
+        bad = {k: v for k, v in r.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
+        assert not bad, (r["step"], bad)
+    assert logged[0]["eval/count"] == logged[-1]["eval/count"] == 16  # held-out rows at start and end, once each
+    steps = logged[1:]
+    for r in steps:
+        missing = [k for k in feature_keys(c) if k not in r]
+        assert not missing, (r["step"], missing)
+        # the engine samples from the weights the trainer holds (hf engines, float32): their log-probs agree,
+        # except for groups dynamic sampling kept from the previous step (sampled before its update)
+        if not r.get("dynamic_sampling/from_queue"):
+            assert r["rollout/trainer_logprob_diff_max"] < 1e-3, r
+        if c.dynamic:  # the kept groups, 8 samples each; the megatron group counts its data slice once
+            assert r["rollout/samples"] == 8 * r["dynamic_sampling/kept_groups"] <= 64, r
+        else:
+            assert r["rollout/samples"] == 64, r
+        if c.reward != "rule":  # every fresh sample judged, readably; dynamic sampling may judge more or fewer
+            assert r["genrm/judged"] % 8 == 0 and (c.dynamic or r["genrm/judged"] == 64), r
+            assert r["genrm/unparseable_frac"] == 0.0, r
+            # throughput over every device's judge time (a rollout device of a TP group has none of its own)
+            assert r["genrm/judged_per_busy_s"] == pytest.approx(r["genrm/judged"] / r["load/genrm_busy_s"]), r
+        if c.placement == "partial":
+            assert r["placement/rollout_devices"] == r["placement/genrm_devices"] == 1, r
+        if c.balance:
+            assert r["balance/imbalance_after"] <= r["balance/imbalance_before"] + 1e-9, r
+        else:
+            assert r["balance/moved_samples"] == 0 and r["balance/imbalance_after"] == r["balance/imbalance_before"]
+    if c.algorithm == "ppo":  # the first step warms the critic up, the policy trains after it
+        assert [r["critic/warmup"] for r in steps] == [1.0, 0.0] and steps[0]["actor/grad_norm"] == 0.0
+        assert all(r["critic/grad_norm"] > 0 for r in steps)
+    assert steps[-1]["actor/grad_norm"] > 0, steps[-1]  # the policy trained on a batch with signal
+
+
+def check_export(run_dir: Path) -> None:
+    """The checkpoint of the last step holds an HF folder (under the manifest's checksums) that transformers
+    loads, with finite logits and the final policy's weights."""
+    folder = run_dir / "checkpoints" / FINAL
+    assert {"policy/model.safetensors", "policy/config.json", "policy/tokenizer.json"} <= set(verify(folder)["files"])
+    model = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32)
+    with torch.no_grad():
+        ids = AutoTokenizer.from_pretrained(folder / "policy")("12+34=", return_tensors="pt").input_ids
+        logits = model(ids).logits
+    assert logits.shape == (1, ids.shape[1], model.config.vocab_size) and torch.isfinite(logits).all()
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "policy", dtype=torch.float32).state_dict()
+    exported = model.state_dict()
+    assert set(exported) == set(final) and all(torch.equal(exported[k], final[k]) for k in final)
+
+
+def run_body(steps: int, every: int, keep: int) -> str:
+    return f"""checkpoint: {{every: {every}, keep: {keep}}}
+run: {{name: m, steps: {steps}, eval_every: 0}}
+"""
+
+
+def params(combinations: list[Combination]) -> list:
+    megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")
+    return [
+        pytest.param(
+            c, id=c.id, marks=[*([pytest.mark.slow] if c in SLOW else []), *([megatron] * (c.backend != "torch"))]
+        )
+        for c in combinations
+    ]
+
+
+@pytest.mark.parametrize("c", params(COMBINATIONS))
+def test_combination(tmp_path, c):
+    config, overrides = config_of(tmp_path, c, run_body(STEPS, STEPS, 1))
+    proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "m"
+    check_metrics(c, records(run_dir))
+    if c.export_hf:
+        check_export(run_dir)
+
+
+RESUME_STEPS = 3
+
+
+@pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")
+def test_main_combination_resumes_exactly_after_kill_9(tmp_path):
+    """MAIN (megatron TP=2, partial placement, a GenRM judge, balancing, HF export) saving every step: killed
+    with kill -9 while step 2's checkpoint (shards and gathered HF folder) is being written in the background,
+    rerun, it skips the partial checkpoint, resumes from step 1, and logs the uninterrupted run's per-step
+    metrics and ends with its weights."""
+    config, overrides = config_of(tmp_path, MAIN, run_body(RESUME_STEPS, 1, 2))
+    out = finish(launch(tmp_path, config, "full", *overrides))
+    assert "done:" in out, out[-3000:]
+    uninterrupted = tmp_path / "full" / "m"
+
+    run_dir = tmp_path / "chain" / "m"
+    ckpts = run_dir / "checkpoints"
+    proc = launch(tmp_path, config, "chain", *overrides, "checkpoint.debug_write_delay_s=1.0")
+    first = ckpts / "step-00000001" / "manifest.json"
+    wait_for(proc, lambda: first.is_file() and any(".tmp-" in p.name for p in ckpts.iterdir()))
+    staging = [p.name for p in ckpts.iterdir() if ".tmp-" in p.name]
+    for pid in process_tree(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    finish(proc)
+    assert all((ckpts / name).exists() for name in staging), "the kill did not land during the write"
+    assert not (ckpts / "step-00000002").exists()
+
+    out = finish(launch(tmp_path, config, "chain", *overrides))
+    assert "warning: skipping partial checkpoint" in out and "done:" in out, out[-3000:]
+    assert f"resuming from {ckpts / 'step-00000001'}" in out, out[-3000:]
+    assert logged_steps(run_dir) == list(range(RESUME_STEPS + 1))
+    for want, have in zip(comparable(uninterrupted), comparable(run_dir)):
+        assert want == have, {
+            k: (want.get(k), have.get(k)) for k in set(want) | set(have) if want.get(k) != have.get(k)
+        }
+    a = load_file(uninterrupted / "policy" / "model.safetensors")
+    b = load_file(run_dir / "policy" / "model.safetensors")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert sum(r["actor/grad_norm"] > 0 for r in records(run_dir)[1:]) >= 2  # the resumed steps trained
