@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from yatt.trainers.packing import PackedLayout
+
 
 def vocab_parallel_scores(
     logits: Tensor, targets: Tensor, vocab_start: int, vocab_size: int, with_entropy: bool
@@ -69,16 +71,33 @@ class MegatronScorer(nn.Module):
         self.module, self.vocab_size = gpt, vocab_size
 
     def forward(
-        self, input_ids: Tensor, select: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+        self,
+        input_ids: Tensor,
+        select: Tensor,
+        targets: Tensor,
+        temperature: float,
+        with_entropy: bool,
+        position_ids: Tensor | None = None,
+        packed_layout: PackedLayout | None = None,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """input_ids [B, L] right-padded rows, or with `packed_layout` one packed row [1, N] with its
+        `position_ids` (yatt.trainers.packing.model_inputs); select indexes the flattened [B * L] or [N]."""
         from megatron.core import parallel_state as ps
 
         gpt = self.module
-        width = input_ids.shape[1]
-        positions = torch.arange(width, device=input_ids.device).expand_as(input_ids)
-        # right-padded rows: causal attention alone keeps real tokens from seeing the padding after them
-        mask = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
+        if packed_layout is None:
+            width = input_ids.shape[1]
+            positions = torch.arange(width, device=input_ids.device).expand_as(input_ids)
+            # right-padded rows: causal attention alone keeps real tokens from seeing the padding after them
+            mask = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
+        else:  # core attention reads the layout (yatt.trainers.megatron_attention) in place of a mask
+            positions, mask = position_ids, packed_layout
         decoder_input, rotary, cos, sin, offset = gpt._preprocess(input_ids=input_ids, position_ids=positions)[:5]
+        if packed_layout is not None:
+            # GPTModel's rotary table covers positions 0..N-1 of the row; a packed token takes its own
+            # position's frequencies: [max + 1, 1, 1, D] indexed by position -> [N, 1, 1, D]
+            table = gpt.rotary_pos_emb(int(positions.max()) + 1)
+            rotary = table.index_select(0, positions[0].to(table.device))
         hidden = gpt.decoder(
             hidden_states=decoder_input,
             attention_mask=mask,
@@ -89,7 +108,8 @@ class MegatronScorer(nn.Module):
         )
         if not gpt.post_process:
             return hidden
-        # [L, B, H] -> the scored rows (row-major over [B, L], as yatt.trainers.packing numbers them)
+        # [L, B, H] -> the scored rows (row-major over [B, L], or the packed row's, as yatt.trainers.packing
+        # numbers them)
         hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1]).index_select(0, select)
         if gpt.output_layer is None:  # a value model: targets and temperature do not apply to values
             if with_entropy:

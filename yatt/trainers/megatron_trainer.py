@@ -44,7 +44,7 @@ from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets, hf_units
-from yatt.trainers.packing import model_inputs
+from yatt.trainers.packing import model_inputs, shared_prompts
 from yatt.trainers.torch_trainer import lr_factor
 
 
@@ -97,6 +97,9 @@ class MegatronTrainer:
         # a value model's config says one label, as the torch backend's (save_hf writes a value model)
         self._hf_config = AutoConfig.from_pretrained(str(model_path), **({"num_labels": 1} if head == "value" else {}))
         self.dtype = DTYPES[cfg.dtype]
+        # packed micro-batches, as the torch backend's (yatt.trainers.packing, yatt.trainers.megatron_attention)
+        self.packed = cfg.pack_sequences
+        self.share_prompts = self.packed and cfg.share_prompts
         self.optimizer = None
         self.optimizer_steps = 0
         with compat.on_cpu():
@@ -211,7 +214,16 @@ class MegatronTrainer:
 
     # ---- forward / backward ------------------------------------------------------------------------------
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
-        return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens, padded=True)
+        """Row indices per micro-batch, as the torch backend's: at most micro_batch_size rows and
+        micro_batch_tokens tokens (the packed row's tokens when packed, a shared prompt once; padded slots when
+        not)."""
+        return micro_batch_rows(
+            batch.lengths(),
+            self.cfg.micro_batch_size,
+            self.cfg.micro_batch_tokens,
+            padded=not self.packed,
+            shared=shared_prompts(batch) if self.share_prompts else None,
+        )
 
     def _schedule(
         self, batch: TokenBatch, micro: list[list[int]], count: int, with_entropy: bool, loss_fn: LossFn | None
@@ -229,8 +241,10 @@ class MegatronTrainer:
             i = next(iterator)
             rows = micro[i] if i < len(micro) else None
             mb = (batch.select(rows) if rows is not None else dummy).to(self.world.device)
-            inputs = model_inputs(mb, packed=False)
-            out = model(mb.input_ids, inputs.select, inputs.targets, mb.temperature, with_entropy)
+            inputs = model_inputs(mb, self.packed, self.share_prompts)
+            kw = inputs.kwargs
+            packed = {"position_ids": kw["position_ids"], "packed_layout": kw["packed_layout"]} if self.packed else {}
+            out = model(kw["input_ids"], inputs.select, inputs.targets, mb.temperature, with_entropy, **packed)
 
             def loss_func(scores):
                 logp, ent = scores
