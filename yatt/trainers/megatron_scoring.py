@@ -10,6 +10,11 @@ of the gradient. (megatron's `vocab_parallel_cross_entropy` gives -log p only an
 Only the positions whose next token is scored reach the output layer ([M, 1, H] instead of [L, B, H]), and
 the logits columns past the real vocabulary (padding to a multiple of TP) are masked out.
 
+Input rows are right-padded [B, L] with a causal mask, or one packed row [1, N] (yatt.trainers.packing:
+samples end to end, a shared prompt once) with its position ids and `PackedLayout`. The layout goes down the
+decoder as its attention_mask to `yatt.trainers.megatron_attention`, and each packed token's rotary embedding
+is its own position's (GPTModel would give the row's positions 0..N-1).
+
 A value model (PPO's critic, `value_head` in place of the output layer: yatt.trainers.megatron_model) gives
 one float32 value per scored position instead. Its head is replicated over TP and sees the same whole hidden
 states on every TP rank, so no reduction is needed: each rank computes the same values and loss, hence the

@@ -8,8 +8,12 @@ one TP/PP group must be handed the same batch; data-parallel ranks different one
 
 The loss contract is the torch backend's: loss_fn is normalised by global denominators, micro-batch losses
 are summed and gradients averaged over data-parallel ranks. Log-probs come from a vocabulary-parallel
-reduction (`yatt.trainers.megatron_scoring`), never from gathered full-vocabulary logits. Micro-batches are
-right-padded rows (megatron's packed-sequence attention needs Transformer Engine); `pack_sequences`,
+reduction (`yatt.trainers.megatron_scoring`), never from gathered full-vocabulary logits.
+
+Micro-batches are built and fed as the torch backend's: with `pack_sequences` (and `share_prompts`) one packed
+row of real tokens per micro-batch (yatt.trainers.packing.model_inputs), its attention kept per sample by
+`yatt.trainers.megatron_attention` (megatron's own packed attention needs Transformer Engine); without, right-
+padded rows. Pipeline stages exchange rows of any length (megatron's `variable_seq_lengths`).
 `logprob_chunk_tokens`, `activation_checkpointing` and `autocast` are torch-backend settings.
 
 head="value" (PPO's critic): the same decoder with `value_head` on the last stage in place of the output layer,
