@@ -58,6 +58,19 @@ def run_ranks(world: int, body: Callable, out: Path, *args: Any) -> list[Any]:
     return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
+def grouped_sequences(gen: torch.Generator, sizes: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts and responses as an RL batch holds them: for each entry of sizes a prompt (2 to 4 tokens) and
+    that many samples of it as consecutive rows (a GRPO group; 1: a lone prompt), responses of 1 to 4 tokens:
+    ragged rows whose prompts trainer.share_prompts reads once."""
+    prompts, responses = [], []
+    for g, size in enumerate(sizes):
+        prompt = torch.randint(3, 40, (2 + g % 3,), generator=gen).tolist()
+        for _ in range(size):
+            prompts.append(prompt)
+            responses.append(torch.randint(3, 40, (1 + len(responses) % 4,), generator=gen).tolist())
+    return prompts, responses
+
+
 # ---- bodies --------------------------------------------------------------------------------------------------
 
 
@@ -137,6 +150,7 @@ def trainer_step_body(
         "dp_rank": trainer.dp_rank,
         "buckets": buckets,
         "state_keys": sorted(trainer.state_dict()["model"]),
+        "micro_batches": trainer.micro_batches(mine),
     }
 
 

@@ -1,13 +1,14 @@
-"""PPO's critic on the megatron backend (head="value", float32): with TP=2, PP=2 and DP=2 on 2 gloo ranks, the
-values of a saved value model and one update with the clipped value loss equal the torch backend's (values,
-loss sums, grad norm and every updated weight, head and decoder, within 1e-5); a value model built from a
-causal LM starts with the torch backend's new head for the same seed; the head is in the checkpoint state."""
+"""PPO's critic on the megatron backend (head="value", float32): with TP=2, PP=2 and DP=2 on 2 gloo ranks, packed
+with shared prompts (the defaults) on a batch of GRPO groups, the values of a saved value model and one update
+with the clipped value loss equal the torch backend's (values, loss sums, grad norm and every updated weight,
+head and decoder, within 1e-5); a value model built from a causal LM starts with the torch backend's new head
+for the same seed; the head is in the checkpoint state."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from megatron_ranks import critic_step_body, needs_megatron, run_ranks
+from megatron_ranks import critic_step_body, grouped_sequences, needs_megatron, run_ranks
 
 from yatt.config import TrainerConfig
 from yatt.controllers.critic import Critic
@@ -26,6 +27,8 @@ TINY = TinyModelConfig(
 # of the typical entry, from another reduction order) into weight differences; small typical entries keep
 # that round-off far below eps while the entries that matter stay far above it
 TRAIN = dict(lr=1e-3, grad_clip=1e-3, micro_batch_size=3, warmup_steps=1, lr_schedule="cosine")
+# a lone prompt and two groups of 3 (consecutive samples of one prompt): packed rows read shared prompts
+GROUPS = [1, 3, 3]
 SEED = 13  # the global seed before the value model is built from the causal LM
 
 
@@ -46,15 +49,13 @@ def folders(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def step_data(folders):
-    """A ragged batch with old values and returns, and the torch backend's critic update on it."""
+    """A ragged batch of GRPO groups with old values and returns, and the torch backend's critic update on it."""
     policy, folder = folders
     world = World(0, 1, 0, torch.device("cpu"))
     torch.manual_seed(SEED)
     new_head = load_module(policy, "value", torch.float32).score
     gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(3, 40, (2 + i % 3,), generator=gen).tolist() for i in range(7)]
-    responses = [torch.randint(3, 40, (1 + i % 4,), generator=gen).tolist() for i in range(7)]
-    batch = TokenBatch.from_sequences(prompts, responses, pad_id=0)
+    batch = TokenBatch.from_sequences(*grouped_sequences(gen, GROUPS), pad_id=0)
     critic = TorchTrainer(folder, TrainerConfig(**TRAIN), world, total_steps=4, head="value")
     values = critic.values(batch)
     batch.extras.update(
@@ -86,7 +87,7 @@ def test_torch_critic_update_is_far_above_the_tolerance(folders, step_data):
 def test_megatron_critic_equals_the_torch_backend(tmp_path, folders, step_data, tp, pp, dp):
     policy, folder = folders
     batch = step_data["batch"]
-    rows = [list(range(len(batch)))] if dp == 1 else [[0, 2, 4, 6], [1, 3, 5]]
+    rows = [list(range(len(batch)))] if dp == 1 else [[0, 1, 2, 3], [4, 5, 6]]  # whole groups, uneven
     tokens, seqs, norm_length = step_data["denominators"]
     results = run_ranks(
         tp * pp * dp,

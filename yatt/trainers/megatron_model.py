@@ -143,12 +143,15 @@ def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype, head:
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
+    from yatt.trainers.megatron_attention import packed_layer_spec
+
     if head not in HEADS:
         raise ValueError(f"unknown trainer head {head!r}; one of: {', '.join(HEADS)}")
 
     gpt = GPTModel(
         config=transformer_config(hf, tp, pp, dtype),
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        # megatron's local layers; core attention also takes packed rows (yatt.trainers.megatron_attention)
+        transformer_layer_spec=packed_layer_spec(get_gpt_layer_local_spec(normalization="RMSNorm")),
         vocab_size=padded_vocab(hf.vocab_size, tp),
         max_sequence_length=hf.max_position_embeddings,
         pre_process=pp_rank == 0,

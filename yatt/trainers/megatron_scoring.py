@@ -2,13 +2,19 @@
 
 With tensor parallelism each rank holds the logits of its slice of the vocabulary only, so the softmax
 statistics are reduced across the tensor-parallel group: the max (no gradient: log-softmax does not depend
-on it), the sum of exponentials, the target token's logit (held by exactly one rank) and, for the entropy,
-sum p * logit. The reductions are megatron's `reduce_from_tensor_model_parallel_region` (all-reduce forward,
-identity backward): the loss is the same on every TP rank, so each rank's logits get exactly their own part
-of the gradient. (megatron's `vocab_parallel_cross_entropy` gives -log p only and overwrites its input.)
+on it), then in one all-reduce the sum of exponentials, the target token's logit (held by exactly one rank)
+and, for the entropy, sum p * logit. The sums go through megatron's `reduce_from_tensor_model_parallel_region`
+(all-reduce forward, identity backward): the loss is the same on every TP rank, so each rank's logits get
+exactly their own part of the gradient. (megatron's `vocab_parallel_cross_entropy` gives -log p only and
+overwrites its input.)
 
 Only the positions whose next token is scored reach the output layer ([M, 1, H] instead of [L, B, H]), and
 the logits columns past the real vocabulary (padding to a multiple of TP) are masked out.
+
+Input rows are right-padded [B, L] with a causal mask, or one packed row [1, N] (yatt.trainers.packing:
+samples end to end, a shared prompt once) with its position ids and `PackedLayout`. The layout goes down the
+decoder as its attention_mask to `yatt.trainers.megatron_attention`, and each packed token's rotary embedding
+is its own position's (GPTModel would give the row's positions 0..N-1).
 
 A value model (PPO's critic, `value_head` in place of the output layer: yatt.trainers.megatron_model) gives
 one float32 value per scored position instead. Its head is replicated over TP and sees the same whole hidden
@@ -22,6 +28,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from yatt.trainers.packing import PackedLayout
 
 
 def vocab_parallel_scores(
@@ -41,17 +49,20 @@ def vocab_parallel_scores(
         dist.all_reduce(top, op=dist.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group())
     shifted = logits - top[:, None]
     exp = shifted.exp()
-    total = reduce(exp.sum(dim=-1))
     local = targets - vocab_start
     mine = (local >= 0) & (local < width)
     picked = shifted.gather(1, local.clamp(0, width - 1)[:, None])[:, 0]
-    target = reduce(torch.where(mine, picked, torch.zeros_like(picked)))
+    parts = [exp.sum(dim=-1), torch.where(mine, picked, torch.zeros_like(picked))]
+    if with_entropy:
+        parts.append(torch.where(valid, exp * shifted, torch.zeros_like(exp)).sum(dim=-1))
+    # one all-reduce for the sums (each costs ~1 ms over gloo); elementwise the same sums as one per part
+    sums = reduce(torch.stack(parts))
+    total, target = sums[0], sums[1]
     log_total = total.log()
     logp = target - log_total
     if not with_entropy:
         return logp, None
-    weighted = reduce(torch.where(valid, exp * shifted, torch.zeros_like(exp)).sum(dim=-1))
-    return logp, log_total - weighted / total
+    return logp, log_total - sums[2] / total
 
 
 class MegatronScorer(nn.Module):
@@ -69,16 +80,33 @@ class MegatronScorer(nn.Module):
         self.module, self.vocab_size = gpt, vocab_size
 
     def forward(
-        self, input_ids: Tensor, select: Tensor, targets: Tensor, temperature: float, with_entropy: bool
+        self,
+        input_ids: Tensor,
+        select: Tensor,
+        targets: Tensor,
+        temperature: float,
+        with_entropy: bool,
+        position_ids: Tensor | None = None,
+        packed_layout: PackedLayout | None = None,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """input_ids [B, L] right-padded rows, or with `packed_layout` one packed row [1, N] with its
+        `position_ids` (yatt.trainers.packing.model_inputs); select indexes the flattened [B * L] or [N]."""
         from megatron.core import parallel_state as ps
 
         gpt = self.module
-        width = input_ids.shape[1]
-        positions = torch.arange(width, device=input_ids.device).expand_as(input_ids)
-        # right-padded rows: causal attention alone keeps real tokens from seeing the padding after them
-        mask = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
+        if packed_layout is None:
+            width = input_ids.shape[1]
+            positions = torch.arange(width, device=input_ids.device).expand_as(input_ids)
+            # right-padded rows: causal attention alone keeps real tokens from seeing the padding after them
+            mask = torch.ones(width, width, dtype=torch.bool, device=input_ids.device).triu(1)[None, None]
+        else:  # core attention reads the layout (yatt.trainers.megatron_attention) in place of a mask
+            positions, mask = position_ids, packed_layout
         decoder_input, rotary, cos, sin, offset = gpt._preprocess(input_ids=input_ids, position_ids=positions)[:5]
+        if packed_layout is not None:
+            # GPTModel's rotary table covers positions 0..N-1 of the row; a packed token takes its own
+            # position's frequencies: [max + 1, 1, 1, D] indexed by position -> [N, 1, 1, D]
+            table = gpt.rotary_pos_emb(int(positions.max()) + 1)
+            rotary = table.index_select(0, positions[0].to(table.device))
         hidden = gpt.decoder(
             hidden_states=decoder_input,
             attention_mask=mask,
@@ -89,7 +117,8 @@ class MegatronScorer(nn.Module):
         )
         if not gpt.post_process:
             return hidden
-        # [L, B, H] -> the scored rows (row-major over [B, L], as yatt.trainers.packing numbers them)
+        # [L, B, H] -> the scored rows (row-major over [B, L], or the packed row's, as yatt.trainers.packing
+        # numbers them)
         hidden = hidden.transpose(0, 1).reshape(-1, hidden.shape[-1]).index_select(0, select)
         if gpt.output_layer is None:  # a value model: targets and temperature do not apply to values
             if with_entropy:

@@ -8,8 +8,12 @@ one TP/PP group must be handed the same batch; data-parallel ranks different one
 
 The loss contract is the torch backend's: loss_fn is normalised by global denominators, micro-batch losses
 are summed and gradients averaged over data-parallel ranks. Log-probs come from a vocabulary-parallel
-reduction (`yatt.trainers.megatron_scoring`), never from gathered full-vocabulary logits. Micro-batches are
-right-padded rows (megatron's packed-sequence attention needs Transformer Engine); `pack_sequences`,
+reduction (`yatt.trainers.megatron_scoring`), never from gathered full-vocabulary logits.
+
+Micro-batches are built and fed as the torch backend's: with `pack_sequences` (and `share_prompts`) one packed
+row of real tokens per micro-batch (yatt.trainers.packing.model_inputs), its attention kept per sample by
+`yatt.trainers.megatron_attention` (megatron's own packed attention needs Transformer Engine); without, right-
+padded rows. Pipeline stages exchange rows of any length (megatron's `variable_seq_lengths`).
 `logprob_chunk_tokens`, `activation_checkpointing` and `autocast` are torch-backend settings.
 
 head="value" (PPO's critic): the same decoder with `value_head` on the last stage in place of the output layer,
@@ -44,7 +48,7 @@ from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets, hf_units
-from yatt.trainers.packing import model_inputs
+from yatt.trainers.packing import model_inputs, shared_prompts
 from yatt.trainers.torch_trainer import lr_factor
 
 
@@ -97,6 +101,9 @@ class MegatronTrainer:
         # a value model's config says one label, as the torch backend's (save_hf writes a value model)
         self._hf_config = AutoConfig.from_pretrained(str(model_path), **({"num_labels": 1} if head == "value" else {}))
         self.dtype = DTYPES[cfg.dtype]
+        # packed micro-batches, as the torch backend's (yatt.trainers.packing, yatt.trainers.megatron_attention)
+        self.packed = cfg.pack_sequences
+        self.share_prompts = self.packed and cfg.share_prompts
         self.optimizer = None
         self.optimizer_steps = 0
         with compat.on_cpu():
@@ -211,7 +218,16 @@ class MegatronTrainer:
 
     # ---- forward / backward ------------------------------------------------------------------------------
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
-        return micro_batch_rows(batch.lengths(), self.cfg.micro_batch_size, self.cfg.micro_batch_tokens, padded=True)
+        """Row indices per micro-batch, as the torch backend's: at most micro_batch_size rows and
+        micro_batch_tokens tokens (the packed row's tokens when packed, a shared prompt once; padded slots when
+        not)."""
+        return micro_batch_rows(
+            batch.lengths(),
+            self.cfg.micro_batch_size,
+            self.cfg.micro_batch_tokens,
+            padded=not self.packed,
+            shared=shared_prompts(batch) if self.share_prompts else None,
+        )
 
     def _schedule(
         self, batch: TokenBatch, micro: list[list[int]], count: int, with_entropy: bool, loss_fn: LossFn | None
@@ -229,8 +245,10 @@ class MegatronTrainer:
             i = next(iterator)
             rows = micro[i] if i < len(micro) else None
             mb = (batch.select(rows) if rows is not None else dummy).to(self.world.device)
-            inputs = model_inputs(mb, packed=False)
-            out = model(mb.input_ids, inputs.select, inputs.targets, mb.temperature, with_entropy)
+            inputs = model_inputs(mb, self.packed, self.share_prompts)
+            kw = inputs.kwargs
+            packed = {"position_ids": kw["position_ids"], "packed_layout": kw["packed_layout"]} if self.packed else {}
+            out = model(kw["input_ids"], inputs.select, inputs.targets, mb.temperature, with_entropy, **packed)
 
             def loss_func(scores):
                 logp, ent = scores
