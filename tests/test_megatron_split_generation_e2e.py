@@ -40,7 +40,11 @@ CASES = {
         ["trainer.megatron.tensor_parallel=2"],
         "partial",
     ),
-    "tp2_remax": ("algorithm: {advantage: {kind: remax}, mini_batches: 2}\n", ["trainer.megatron.tensor_parallel=2"], "full"),
+    "tp2_remax": (
+        "algorithm: {advantage: {kind: remax}, mini_batches: 2}\n",
+        ["trainer.megatron.tensor_parallel=2"],
+        "full",
+    ),
     "pp2_grpo": ("", ["trainer.megatron.pipeline_parallel=2"], "full"),
 }
 SLOW = {"tp2_remax", "pp2_grpo"}
