@@ -147,7 +147,9 @@ def run_quickstart(
         rc = proc.wait()
     peaks = rss.stop()
     if rc:
-        raise RuntimeError(f"variant {name!r} failed (exit {rc}); see {work / f'{name}.log'}")
+        # the log lives in a temporary folder that goes with the exception: show its end
+        tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"variant {name!r} failed (exit {rc}); the end of its log:\n{tail}")
     run_dir = work / run_name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [r for r in records if r.get("step", 0) > WARMUP_STEPS and "time/step_s" in r]
