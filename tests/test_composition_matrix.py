@@ -12,7 +12,6 @@ import itertools
 import json
 import math
 import os
-import random
 import signal
 from pathlib import Path
 from typing import NamedTuple
@@ -23,6 +22,7 @@ from e2e import JUDGE_TINY, experiment, process_tree, torchrun
 from megatron_ranks import HAVE_MEGATRON
 from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import comparable, finish, launch, logged_steps, wait_for
+from test_megatron_composed_e2e import varied_rows
 from test_megatron_e2e import DIGITS_TP
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -156,16 +156,6 @@ def judge_section(tmp: Path, kind: str) -> str:
       unparseable_score: 0.5
       engine: {{backend: hf}}
 """
-
-
-def varied_rows(path: Path, count: int) -> None:
-    """Sums of 1- to 3-digit numbers: prompts of 4 to 8 tokens, so the ranks draw different work to balance."""
-    rng = random.Random(0)
-    rows = []
-    for _ in range(count):
-        a, b = rng.randrange(10 ** rng.randint(1, 3)), rng.randrange(10 ** rng.randint(1, 3))
-        rows.append({"prompt": f"{a}+{b}=", "answer": str((a + b) % 10), "data_source": "exact_match"})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:

@@ -9,19 +9,9 @@ import math
 from e2e import ONE_TOKEN_GRPO, experiment, torchrun
 from megatron_ranks import needs_megatron
 from safetensors.torch import load_file
-
-from yatt.models.tiny import TinyModelConfig
+from test_megatron_e2e import DIGITS_TP
 
 pytestmark = needs_megatron
-# 4 query / 2 key-value heads split over TP=2; vocabulary 15 padded to 16 (as tests/test_megatron_e2e.py)
-DIGITS_TP = TinyModelConfig(
-    alphabet="0123456789+=",
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-)
 PPO = (
     ONE_TOKEN_GRPO.replace(
         "algorithm: {mini_batches: 2}", "algorithm: {mini_batches: 2, advantage: {kind: gae, lam: 0.95}}"
