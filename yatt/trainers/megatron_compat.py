@@ -31,6 +31,14 @@ schedules:
    device arguments; it is scoped to `on_cpu()`, which the megatron trainer enters around its own calls
    into megatron, so no other code in the process is touched. (Autograd keeps the mode for backward.)
 
+5. Tensor-parallel collectives -> shared memory, when the trainer asks (`use_host_collectives`):
+   `torch.distributed.all_reduce` and `all_gather` on the tensor-parallel group (megatron's row-parallel
+   outputs, column-parallel input gradients and vocabulary-parallel embedding; yatt's vocabulary-parallel
+   softmax sums and its weight gathers) go through `yatt.trainers.host_collectives` instead of gloo when the
+   group's ranks share a host. megatron calls `torch.distributed.all_reduce` itself (some calls asynchronous,
+   whose handle is then already complete), so the functions are replaced in `torch.distributed`; calls on any
+   other group go to the originals.
+
 `apply()` is idempotent and does nothing when CUDA is available (megatron then runs unpatched); so is
 `on_cpu()`, which is then a null context.
 """
@@ -45,6 +53,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _APPLIED = False
+_HOST: dict = {}  # process group -> HostGroup or None (patch 5)
 
 
 class CpuRNGStatesTracker:
@@ -141,3 +150,46 @@ def apply() -> None:
     mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _APPLIED = True
+
+
+class _Done:
+    """The work handle of an `async_op=True` collective that is already complete."""
+
+    def wait(self, *args: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def use_host_collectives(group: Any) -> None:
+    """Patch 5 for `group` (collective over it; CPU only): `torch.distributed.all_reduce` and `all_gather` on
+    that group go through shared memory where its ranks share a host; every other call is unchanged."""
+    import torch.distributed as dist
+
+    from yatt.trainers.host_collectives import OPS, HostGroup
+
+    if torch.cuda.is_available() or group in _HOST:
+        return
+    _HOST[group] = HostGroup.create(group)
+    if hasattr(dist.all_reduce, "__wrapped_by_yatt__"):
+        return
+    all_reduce, all_gather = dist.all_reduce, dist.all_gather
+
+    def host_all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        host = _HOST.get(group)
+        if host is None or not host.serves(tensor) or op not in OPS:
+            return all_reduce(tensor, op=op, group=group, async_op=async_op)
+        host.all_reduce(tensor, op)
+        return _Done() if async_op else None
+
+    def host_all_gather(tensor_list, tensor, group=None, async_op=False):
+        host = _HOST.get(group)
+        if host is None or not all(map(host.serves, [tensor, *tensor_list])):
+            return all_gather(tensor_list, tensor, group=group, async_op=async_op)
+        host.all_gather(tensor_list, tensor)
+        return _Done() if async_op else None
+
+    host_all_reduce.__wrapped_by_yatt__ = all_reduce
+    host_all_gather.__wrapped_by_yatt__ = all_gather
+    dist.all_reduce, dist.all_gather = host_all_reduce, host_all_gather

@@ -35,6 +35,11 @@ class MegatronConfig(BaseModel):
         description="Split the decoder layers into this many consecutive "
         "stages, one per rank; divides the number of layers.",
     )
+    host_collectives: bool = Field(
+        True,
+        description="On CPU, tensor-parallel all-reduces among ranks of one host go through shared memory "
+        "instead of gloo (yatt.trainers.host_collectives); the same sums. No effect on GPUs.",
+    )
 
     @property
     def model_parallel(self) -> tuple[int, int]:

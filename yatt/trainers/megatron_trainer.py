@@ -108,6 +108,8 @@ class MegatronTrainer:
         self.optimizer_steps = 0
         with compat.on_cpu():
             init_model_parallel(self.tp, self.pp)
+            if cfg.backend_config.host_collectives and self.tp > 1:
+                compat.use_host_collectives(ps.get_tensor_model_parallel_group())
             self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
             self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
             # the controller shards data by yatt.distributed.data_parallel_world, which assumes this order
