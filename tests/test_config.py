@@ -109,6 +109,10 @@ def test_impossible_combinations(tmp_path, model_dir):
     ]
     with pytest.raises(ConfigError, match="tensor_parallel x pipeline_parallel = 4 must divide the 2 ranks"):
         check_run(load_experiment(path, megatron), 2, str(path))
+    with pytest.raises(ConfigError, match="rollout.schedule.mode=async with placement.mode=partial is not impl"):
+        load_experiment(path, ["rollout.schedule.mode=async"], placement="partial")
+    with pytest.raises(ConfigError, match="rollout.sync_every must be 1"):
+        load_experiment(path, ["rollout.schedule.mode=one_step_off", "rollout.sync_every=2"])
 
 
 def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):

@@ -76,6 +76,23 @@ class DataConfig(Section):
     )
 
 
+class ScheduleConfig(Section):
+    """When a step's rollouts are generated relative to the updates that train on them (docs/async.md)."""
+
+    mode: Literal["sync", "one_step_off", "async"] = Field(
+        "sync",
+        description="sync: generate, train, push the weights, one after the other. one_step_off: a producer "
+        "thread per controller generates the next step's batch while the trainer trains (async with "
+        "max_staleness 1). async: up to max_staleness steps ahead.",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="async: step s trains on rollouts generated with the weights of step s - 1 - max_staleness "
+        "(0: sync's rollouts, exactly); in-flight generation finishes on the old weights before a push.",
+    )
+
+
 class RolloutConfig(Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     group_size: int = Field(8, gt=0, description="Samples per prompt (G).")
@@ -104,6 +121,7 @@ class RolloutConfig(Section):
         description="Rollout engines per rank; each request goes to the "
         "rollout engine in use with the fewest requests in flight.",
     )
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
 
 
 class RewardConfig(Section):
@@ -458,6 +476,15 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> ExperimentConfig:
+        if self.rollout.schedule.mode != "sync":
+            mode = self.rollout.schedule.mode
+            if self.placement.mode == "partial":
+                raise ValueError(f"rollout.schedule.mode={mode} with placement.mode=partial is not implemented yet")
+            if self.rollout.sync_every != 1:
+                raise ValueError(
+                    f"rollout.schedule.mode={mode} decides which weights each batch is generated with; "
+                    "rollout.sync_every must be 1"
+                )
         if self.placement.mode == "partial" and not self.reward.judges:
             raise ValueError(
                 "placement.mode=partial splits devices between rollout and a generative reward "

@@ -27,6 +27,11 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
             f"min_genrm_devices), but {world_size} were launched"
         )
     check_backends(cfg, world_size, source)
+    if cfg.rollout.schedule.mode != "sync" and _cuda():
+        raise ConfigError(
+            f"{source}: rollout.schedule.mode={cfg.rollout.schedule.mode} on GPUs needs rollout devices apart "
+            "from the trainer's, which is not implemented yet (on CPU the engines run on cores of their own)"
+        )
     tp, pp = cfg.trainer.model_parallel
     data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
     per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
@@ -148,3 +153,9 @@ def unwritable(folder: Path) -> str | None:
 def model_positions(folder: Path) -> int | None:
     """The model's max_position_embeddings (None if its config does not say)."""
     return json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

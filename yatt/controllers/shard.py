@@ -16,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from yatt.checkpoint.export import PolicyWriter, policy_writer
-from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.checkpoint.snapshot import Snapshot
 from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
@@ -28,10 +27,12 @@ from yatt.controllers.metrics import STAGES, StageTimer, step_metrics, step_redu
 from yatt.controllers.minibatches import mini_batches
 from yatt.controllers.policy import advantage_input, old_logprobs, policy_update, token_batch
 from yatt.controllers.rollouts import encode_prompts, rebalance_groups, sample_seed, set_greedy_baselines
+from yatt.controllers.schedule import Batch, rollout_schedule, schedule_metrics
+from yatt.controllers.shard_state import ShardState
 from yatt.data.prepare import RankData, load_rank_data
 from yatt.data.rollout import Rollout
 from yatt.data.stream import PromptStream
-from yatt.distributed import World
+from yatt.distributed import World, model_parallel_world
 from yatt.genrm.judge import Judge
 from yatt.models.vision import ImageInputs, is_vision_model
 from yatt.placement.engine_lifecycle import ROLLOUT
@@ -40,7 +41,7 @@ from yatt.placement.ownership import DeviceOwnership, HookRole
 from yatt.placement.plan import GenerationSchedule
 
 
-class ControllerShard:
+class ControllerShard(ShardState):
     """Takes its trainer, engines and algorithm from `build_components`; owns the data and the step."""
 
     def __init__(
@@ -79,27 +80,48 @@ class ControllerShard:
         # what the `train` role owns: the policy, the reference model, the critic
         trainers = lambda: [t for t in (self.trainer, self.ref, self.critic and self.critic.trainer) if t is not None]
         train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
-        self.placement = DeviceOwnership({**self.engines.device_roles(), "train": train}, initial_owner="rollout")
+        # ahead of the trainer (rollout.schedule) a producer thread generates on the engines' own devices, with its
+        # own process groups so that its collectives never interleave with the trainer's
+        roles, self.ahead = self.engines.device_roles(), (ahead := cfg.rollout.schedule.mode != "sync")
+        self.placement = DeviceOwnership({"train": train, **({} if ahead else roles)}, "train" if ahead else "rollout")
+        self.engine_placement = DeviceOwnership(roles, "rollout") if ahead else self.placement
+        mp = model_parallel_world(world, *cfg.trainer.model_parallel) if ahead and group_world else group_world
+        self.producer_group = GroupShare(mp, self.devices, self.world) if ahead else self.group
         dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id)
         self.samples_trained = self.last_step = 0
+        self.rollouts = rollout_schedule(cfg.rollout.schedule, self._batch, 0, cfg.run.steps)
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:
         """One RL step; its metrics, reduced over ranks (the same on every rank)."""
         timer = StageTimer(STAGES)
-        restarted, busy_before = self.engines.heal(), self.engines.busy_seconds()
-        rollouts, generation, sampling_metrics = self.produce(step, timer)
-        self.last_rollouts = rollouts
+        batch = self.rollouts.take(step, timer)
+        sampling_metrics = reduce_metrics(self.world, batch.counts) if batch.counts else {}
+        self.last_rollouts = rollouts = batch.rollouts
         metrics, balance_metrics = self.consume(rollouts, step, timer)
-        metrics.update(self._placement_metrics(rollouts, generation, timer, busy_before, restarted))
+        metrics.update(self._placement_metrics(batch, timer))
+        metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, rollouts)))
         self.last_step = step
         return {**metrics, **sampling_metrics, **balance_metrics}
 
+    def _batch(self, step: int, timer: StageTimer, version: int) -> Batch:
+        """What a schedule runs for a step's batch: heal the engines, produce, note the engines' time and the
+        weights `version` (ahead of the trainer, on the producer thread: a heal without collectives)."""
+        ahead = self.ahead
+        restarted = self.engines.heal_local() if ahead else self.engines.heal()
+        before = self.engines.busy_seconds()
+        rollouts, stats, counts = self.produce(step, timer)
+        for r in rollouts:
+            r.version = version
+        busy, restarts = engine_busy(before, self.engines.busy_seconds()), self.engines.take_restarts() if ahead else 0
+        return Batch(rollouts, stats, counts, busy, restarts, restarted)
+
     def produce(self, step: int, timer: StageTimer) -> tuple[list[Rollout], GenerationStats, dict[str, float]]:
         """generate -> reward (-> dynamic sampling): this step's scored groups, its generation rounds' stats
-        merged, and dynamic sampling's metrics over ranks ({} when off)."""
+        merged, and this rank's dynamic sampling counts ({} when off). No collective on the shard's worlds: it
+        may run on the producer thread (yatt.controllers.schedule)."""
         rounds: list[GenerationStats] = []
 
         def generate(count: int, round_: int) -> list[Rollout]:
@@ -112,7 +134,7 @@ class ControllerShard:
         else:  # rounds until prompts_per_rank groups with reward variance (or max_rounds)
             group = self.cfg.rollout.group_size
             groups, counts = self.sampler.collect(self.prompts_per_rank, lambda n, r: in_groups(generate(n, r), group))
-            rollouts, sampling_metrics = [r for group in groups for r in group], reduce_metrics(self.world, counts)
+            rollouts, sampling_metrics = [r for group in groups for r in group], counts
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
                 self.devices.barrier()
@@ -145,8 +167,8 @@ class ControllerShard:
                 epochs, norm = (minis if policy_trains else []), cfg.rollout.max_new_tokens
                 update = policy_update(self.trainer, algo, world, batch, epochs, entropy, norm)
         if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
-            with timer("sync"), self.placement.own("rollout"):
-                self.engines.push_policy()
+            with timer("sync"):
+                self.rollouts.push(step, self._push_policy)
         self.samples_trained += len(trained)
         sums, peaks = step_reductions(cfg, algo.stats, trained, batch, entropy, ref_lp, update, timer.seconds)
         metrics = step_metrics(cfg, algo.stats, world.size, summed(world, sums), maxed(world, peaks), update)
@@ -161,79 +183,55 @@ class ControllerShard:
     def _generate_round(self, step: int, count: int, round_: int, timer: StageTimer) -> tuple[list, GenerationStats]:
         """`count` prompts' groups, generated, judged and rewarded, on the devices the placement gives each
         role: one round (dynamic sampling may run several)."""
-        share = self.group.share(count)  # this rank's part (all of them without a model-parallel group)
+        share = self.producer_group.share(count)  # this rank's part (all of them without a model-parallel group)
         rows, cfg = self.train_stream.next_batch(count)[share], self.cfg
         with timer("generate"):
             prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
             images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
             prompts = dict(rows=rows, prompt_ids=prompt_ids, images=images, tokenizer=self.tokenizer)
-            where = (self.engines, self.placement, self.schedule.split, self.devices.rank, self.judges)
+            where = (self.engines, self.engine_placement, self.schedule.split, self.devices.rank, self.judges)
             tags = dict(step=step, round_=round_, run_seed=cfg.run.seed, first_group=share.start)  # judge seeds
             rollouts, stats = generate_placed(*where, seeds=seeds, sampling=self.sampling, **tags, **prompts)
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
-                with self.placement.own("rollout"):
+                with self.engine_placement.own("rollout"):
                     pool = self.engines.pool(ROLLOUT, [self.devices.rank])
                     set_greedy_baselines(rollouts, pool, self.greedy, cfg.rollout.group_size, **prompts)
-            rollouts, stats = self.group.gather(rollouts, stats)
+            rollouts, stats = self.producer_group.gather(rollouts, stats)
         with timer("reward"):
             weights = {j.name: j.weight for j in cfg.reward.judges}
             assign_rewards(rollouts, cfg.reward.kind, weights, cfg.reward.rule_weight)
         return rollouts, stats
 
-    def _placement_metrics(self, rollouts, gen: GenerationStats, timer: StageTimer, busy_before, restarted) -> dict:
+    def _placement_metrics(self, batch: Batch, timer: StageTimer) -> dict:
         """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics);
         looks restarted engines up again, and picks the next step's split."""
-        busy = engine_busy(busy_before, self.engines.busy_seconds())
-        busy["train"] = timer.seconds["logprobs"] + timer.seconds["update"]
-        restarts, owned, split = self.engines.take_restarts(), self.placement.take_metrics(), self.schedule.split
-        parts = (busy, owned, restarts, restarted, gen, split, timer.total, self.judges, rollouts)
+        busy = {**batch.busy, "train": timer.seconds["logprobs"] + timer.seconds["update"]}
+        # ahead of the trainer the producer counts the restarts (the engines are its own), else the step does
+        ahead, owned, split = self.ahead, self.placement.take_metrics(), self.schedule.split
+        restarts = batch.restarts + (0 if ahead else self.engines.take_restarts())
+        parts = (busy, owned, restarts, batch.restarted, batch.stats, split, timer.total, self.judges, batch.rollouts)
         out = step_placement_metrics(self.world, self.devices, *parts)
         if out["placement/engine_restarts"]:
-            self.engines.forget_endpoints()
+            with self.rollouts.engines:
+                self.engines.forget_endpoints()
         # every rank saw the same sums, so all choose the same split for the next step
         self.schedule.observe(out["load/rollout_busy_s"], out["load/genrm_busy_s"])
         return out
 
-    # ---- checkpoint state ------------------------------------------------------------------------
-    @property
-    def replicated(self) -> tuple[str, ...]:
-        """Parts of state_dict() that are the same on every rank: a checkpoint stores them once, from rank 0
-        (a trainer whose ranks hold shards of the model saves its own part on every rank instead)."""
-        parts = {"trainer": self.trainer, **({"critic": self.critic.trainer} if self.critic else {})}
-        return tuple(name for name, part in parts.items() if part.replicated)
-
-    def _stateful(self) -> dict:
-        """The parts with their own state, by checkpoint key; a new stateful component adds its key here. The
-        reference model is not one: it is frozen at model.path."""
-        parts = {"trainer": self.trainer, "train_stream": self.train_stream, "kl_control": self.algorithm.kl_control}
-        optional = {"sampler": self.sampler, "critic": self.critic}
-        return {**parts, **{key: part for key, part in optional.items() if part is not None}}
-
-    def state_dict(self) -> dict[str, dict]:
-        """Everything resuming needs, as named component states (live references; yatt.checkpoint copies them)."""
-        progress = {"step": self.last_step, "samples_trained": self.samples_trained}
-        parts = {key: part.state_dict() for key, part in self._stateful().items()}
-        return {**parts, "rng": rng_state(), "progress": progress}
-
-    def load_state_dict(self, state: dict[str, dict]) -> None:
-        """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
-        for key, part in self._stateful().items():
-            part.load_state_dict(state[key])
-        self.last_step, self.samples_trained = state["progress"]["step"], state["progress"]["samples_trained"]
-        with self.placement.own("rollout"):
+    def _push_policy(self) -> None:
+        with self.engine_placement.own("rollout"):
             self.engines.push_policy()
-        self.placement.take_metrics()  # the load's timing is not the first step's
-        set_rng_state(state["rng"])
 
     # ---- evaluation, export, shutdown ---------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         """Greedy decoding of the held-out split (yatt.controllers.evaluation); {} without one."""
         if self.cfg.data.eval is None:
             return {}
-        share, where = self.group.share(len(self.eval_rows)), (self.group.sums, self.engines, self.placement)
+        share, where = self.group.share(len(self.eval_rows)), (self.group.sums, self.engines, self.engine_placement)
         rows, ids = self.eval_rows[share], self.eval_prompt_ids[share]
-        metrics, self.last_eval = evaluate_greedy(*where, rows, ids, self.image_inputs, self.greedy, self.tokenizer)
+        with self.rollouts.engines:
+            metrics, self.last_eval = evaluate_greedy(*where, rows, ids, self.image_inputs, self.greedy, self.tokenizer)
         return metrics
 
     def export_policy(self, folder: Path) -> None:
@@ -245,4 +243,5 @@ class ControllerShard:
         return policy_writer(self.trainer, snap, "trainer", self.saved_with_weights)
 
     def close(self) -> None:
+        self.rollouts.close()
         self.engines.close()

@@ -27,6 +27,8 @@ class Rollout:
     judge_scores: dict[str, float] = field(default_factory=dict)
     origin: tuple[int, int] = (-1, -1)  # (rank, index in that rank's step) where it was generated
     baseline: float = 0.0  # ReMax: the reward of the prompt's greedy response (0 unless the estimator asks)
+    # the policy version that generated every token: the step whose weights the engine held (rollout.schedule)
+    version: int = -1
     # an image prompt's loaded images (yatt.controllers.images.PromptImages; the group's samples share one), read
     # for this step and dropped with the rollout; prompt_ids are then the expanded ids
     vision: Any = None

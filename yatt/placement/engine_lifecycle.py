@@ -156,14 +156,21 @@ class EngineServices:
                 self.uncounted_restarts += 1
         return out
 
+    def heal_local(self) -> int:
+        """Restart this rank's dead engines, counted with take_restarts(); no collective, so a thread that must
+        not join the trainer's collectives can call it (an ahead schedule's producer, which uses only this
+        rank's engines). Returns 0: the count reaches the step through take_restarts()."""
+        for role in [role for role, c in self.local.items() if not c.alive()]:
+            self.local[role].close()
+            self._start(role)
+            self.uncounted_restarts += 1
+        return 0
+
     def heal(self) -> int:
         """Restart this rank's dead engines (called between steps, by every rank); returns how many were
         restarted on all ranks since the last count (these and e.g. the evaluation's)."""
-        dead = [role for role, c in self.local.items() if not c.alive()]
-        for role in dead:
-            self.local[role].close()
-            self._start(role)
-        restarted = int(self.world.sum([float(len(dead) + self.take_restarts())])[0])
+        self.heal_local()
+        restarted = int(self.world.sum([float(self.take_restarts())])[0])
         if restarted:
             self.forget_endpoints()
             self.world.barrier()  # every restarted engine's new endpoint is published before anyone looks

@@ -1,0 +1,133 @@
+"""yatt.controllers.schedule: which weights each step's batch is generated with, when pushes may happen, and
+that the producer's state survives a checkpoint (a fake producer in place of generation)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from yatt.config import ScheduleConfig
+from yatt.controllers.generation import GenerationStats
+from yatt.controllers.metrics import StageTimer
+from yatt.controllers.schedule import AheadSchedule, Batch, SyncSchedule, rollout_schedule
+from yatt.data.rollout import Rollout
+
+
+class FakeProducer:
+    """Records (step, version) per batch made; each batch is one rollout tagged with them."""
+
+    def __init__(self, fail_at: int | None = None, seconds: float = 0.0):
+        self.made: list[tuple[int, int]] = []
+        self.fail_at, self.seconds = fail_at, seconds
+        self.lock = threading.Lock()
+
+    def __call__(self, step: int, timer: StageTimer, version: int) -> Batch:
+        if step == self.fail_at:
+            raise ValueError(f"engine exploded at step {step}")
+        with timer("generate"):
+            time.sleep(self.seconds)
+        with self.lock:
+            self.made.append((step, version))
+        rollout = Rollout(None, [1], [2], [-0.5], "stop", version=version, origin=(0, step))
+        return Batch([rollout], GenerationStats(rollout_s=0.1), {}, {"rollout": 0.1, "genrm": 0.0}, 0, 0)
+
+
+def train(schedule, steps: range, pushed: list | None = None) -> list[tuple[int, int]]:
+    """A trainer loop: take each step's batch, 'train', push. Returns (step, version trained on)."""
+    seen = []
+    for step in steps:
+        batch = schedule.take(step, StageTimer())
+        seen.append((step, batch.rollouts[0].version))
+        assert batch.rollouts[0].origin == (0, step)  # the step's own batch
+        schedule.push(step, lambda s=step: pushed.append(s) if pushed is not None else None)
+    return seen
+
+
+@pytest.mark.parametrize("staleness", [0, 1, 2, 4])
+def test_step_s_is_generated_with_the_weights_of_step_s_minus_1_minus_k(staleness):
+    schedule = AheadSchedule(FakeProducer(seconds=0.001), 0, staleness, last_step=10)
+    try:
+        seen = train(schedule, range(1, 11))
+    finally:
+        schedule.close()
+    assert seen == [(s, max(0, s - 1 - staleness)) for s in range(1, 11)]
+
+
+def test_max_staleness_0_generates_what_sync_does():
+    sync = SyncSchedule(FakeProducer(), 0)
+    ahead = AheadSchedule(FakeProducer(), 0, 0, last_step=6)
+    try:
+        assert train(sync, range(1, 7)) == train(ahead, range(1, 7)) == [(s, s - 1) for s in range(1, 7)]
+    finally:
+        ahead.close()
+
+
+def test_a_push_waits_for_the_batch_that_uses_the_weights_before_it():
+    producer = FakeProducer(seconds=0.05)
+    schedule = AheadSchedule(producer, 0, 1, last_step=5)
+    try:
+        schedule.take(1, StageTimer())
+        schedule.push(1, lambda: None)
+        # pushing step 1's weights may only happen once batch 2 (made with step 0's) is complete
+        assert (2, 0) in producer.made
+        assert all(version <= 1 for _, version in producer.made)
+    finally:
+        schedule.close()
+
+
+def test_the_producer_runs_while_the_trainer_trains():
+    producer = FakeProducer(seconds=0.2)
+    schedule = AheadSchedule(producer, 0, 1, last_step=3)
+    try:
+        timer = StageTimer()
+        schedule.take(1, timer)
+        time.sleep(0.3)  # 'training' step 1: batch 2 is generated meanwhile
+        began = time.perf_counter()
+        schedule.take(2, timer)
+        assert time.perf_counter() - began < 0.1 and schedule.waited_s < 0.1
+        assert timer.seconds["generate"] >= 0.4  # both batches' generate time reaches the steps' timers
+    finally:
+        schedule.close()
+
+
+def test_a_checkpoint_holds_the_batches_made_ahead_and_resumes_exactly():
+    uninterrupted = AheadSchedule(FakeProducer(), 0, 2, last_step=8)
+    try:
+        want = train(uninterrupted, range(1, 9))
+    finally:
+        uninterrupted.close()
+    first = AheadSchedule(FakeProducer(), 0, 2, last_step=8)
+    try:
+        got = train(first, range(1, 4))
+        state = first.state_dict()
+    finally:
+        first.close()
+    # after step 3's push the producer made every batch up to 3 + 2 + 1 (step 3's weights feed batch 6)
+    assert sorted(int(s) for s in state["ready"]) == [4, 5, 6] and state["version"] == 3
+    resumed = AheadSchedule(FakeProducer(), 0, 2, last_step=8)
+    resumed.load_state_dict(state)
+    try:
+        got += train(resumed, range(4, 9))
+    finally:
+        resumed.close()
+    assert got == want
+    assert [s for s, _ in resumed.produce.made] == [7, 8]  # the resumed producer made only the rest
+
+
+def test_a_producer_failure_is_raised_in_the_trainer():
+    schedule = AheadSchedule(FakeProducer(fail_at=3), 0, 1, last_step=6)
+    try:
+        with pytest.raises(RuntimeError, match="the rollout producer failed.*engine exploded at step 3"):
+            train(schedule, range(1, 7))
+    finally:
+        schedule.close()
+
+
+def test_the_config_picks_the_schedule():
+    produce = FakeProducer()
+    assert isinstance(rollout_schedule(ScheduleConfig(), produce, 0, 5), SyncSchedule)
+    one = rollout_schedule(ScheduleConfig(mode="one_step_off", max_staleness=3), produce, 0, 5)
+    assert isinstance(one, AheadSchedule) and one.staleness == 1
+    assert rollout_schedule(ScheduleConfig(mode="async", max_staleness=3), produce, 0, 5).staleness == 3

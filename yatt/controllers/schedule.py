@@ -1,0 +1,212 @@
+"""When a step's rollouts are generated relative to the updates that train on them (`rollout.schedule`).
+
+sync: each step generates its batch with the latest weights, trains on it and pushes the new weights, one
+after the other, so the engines idle while the trainer works and the other way round.
+
+one_step_off and async: a producer thread of this controller generates later steps' batches while the main
+thread trains. There is no central queue: every controller runs its own producer on its own data shard and
+engines. Step s's batch is generated with the weights of step max(start, s - 1 - k), where k is
+`max_staleness` (one_step_off: k = 1); the push of step u's weights waits until the batch that uses the
+weights before it (batch u + k) is complete. A batch is generated from start to end with one version (its
+in-flight requests finish on the old weights before a push), and which version each batch gets does not
+depend on thread timing, so k = 0 is the sync schedule's run exactly, and a run is reproducible and resumes
+exactly: a checkpoint waits until the producer has made every batch that the saved weights' predecessors
+feed (it then waits for the next push), and stores those batches. Every use of the engines (a generation
+round, a push, a health check, an evaluation) holds `engines`, so the two threads never share an engine
+connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from yatt.config import ScheduleConfig
+from yatt.controllers.generation import GenerationStats
+from yatt.controllers.metrics import StageTimer
+from yatt.data.rollout import Rollout
+from yatt.distributed import World
+from yatt.placement.metrics import maxed, summed
+
+PRODUCER_STAGES = ("generate", "reward")
+
+
+@dataclass
+class Batch:
+    """One step's scored rollouts and what making them measured."""
+
+    rollouts: list[Rollout]
+    stats: GenerationStats
+    counts: dict[str, float]  # this rank's dynamic sampling counts ({} when off)
+    busy: dict[str, float]  # engine seconds per role (yatt.placement.metrics.engine_busy)
+    restarts: int  # this rank's engine restarts counted with it (EngineServices.take_restarts; 0: the step counts)
+    restarted: int  # engines restarted on all ranks before it (EngineServices.heal; 0 when counted later)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "rollouts": [r.to_dict() for r in self.rollouts]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Batch:
+        rollouts = [Rollout.from_dict(r) for r in d["rollouts"]]
+        return cls(**{**d, "rollouts": rollouts, "stats": GenerationStats(**d["stats"])})
+
+
+Produce = Callable[[int, StageTimer, int], Batch]  # (step, timer, weights version) -> the step's batch
+
+
+class SyncSchedule:
+    """Generate, then train, then push: the step's batch is produced when the step asks for it."""
+
+    staleness = 0
+
+    def __init__(self, produce: Produce, version: int):
+        self.produce, self.version = produce, version
+        self.engines = contextlib.nullcontext()
+
+    def take(self, step: int, timer: StageTimer) -> Batch:
+        return self.produce(step, timer, self.version)
+
+    def push(self, step: int, push: Callable[[], None]) -> None:
+        push()
+        self.version = step
+
+    def metrics(self, step: int, rollouts: list[Rollout]) -> tuple[dict[str, float], dict[str, float]]:
+        return {}, {}
+
+    def close(self) -> None:
+        pass
+
+
+class AheadSchedule:
+    """one_step_off / async: a producer thread keeps up to `staleness` batches ahead of the trainer."""
+
+    def __init__(self, produce: Produce, version: int, staleness: int, last_step: int):
+        self.produce, self.staleness, self.last = produce, staleness, last_step
+        self.start = self.version = version  # the step whose weights the engines hold
+        self.engines = threading.RLock()
+        self.changed = threading.Condition()
+        self.ready: dict[int, tuple[Batch, dict[str, float]]] = {}  # step -> (batch, its stage seconds)
+        self.next = version + 1  # the next batch the producer makes
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        self.waited_s = self.producer_busy_s = 0.0
+        self.depth = 0  # batches made ahead when the trainer took its last one
+
+    def weights_for(self, step: int) -> int:
+        return max(self.start, step - 1 - self.staleness)
+
+    def _startable(self) -> bool:
+        return self.next <= self.last and self.version >= self.weights_for(self.next)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.changed:
+                    self.changed.wait_for(lambda: self.stopping or self._startable())
+                    if self.stopping:
+                        return
+                    step, version = self.next, self.version
+                timer, began = StageTimer(PRODUCER_STAGES), time.perf_counter()
+                with self.engines:
+                    batch = self.produce(step, timer, version)
+                with self.changed:
+                    self.ready[step] = (batch, timer.seconds)
+                    self.producer_busy_s += time.perf_counter() - began
+                    self.next = step + 1
+                    self.changed.notify_all()
+        except BaseException as e:  # handed to the main thread, which raises it at its next take
+            with self.changed:
+                self.error = e
+                self.changed.notify_all()
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        """Wait (holding `changed`) until done() or the producer failed (raised here)."""
+        self.changed.wait_for(lambda: done() or self.error is not None)
+        if self.error is not None:
+            raise RuntimeError(f"the rollout producer failed: {self.error!r}") from self.error
+
+    def take(self, step: int, timer: StageTimer) -> Batch:
+        """Step `step`'s batch, waiting for it; its generate/reward seconds go to `timer`."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="yatt-rollout-producer", daemon=True)
+            self.thread.start()
+        began = time.perf_counter()
+        with self.changed:
+            self._wait(lambda: step in self.ready)
+            batch, seconds = self.ready.pop(step)
+            self.depth = len(self.ready)
+        self.waited_s = time.perf_counter() - began
+        for name, s in seconds.items():
+            timer.seconds[name] = timer.seconds.get(name, 0.0) + s
+        return batch
+
+    def push(self, step: int, push: Callable[[], None]) -> None:
+        """Push step `step`'s weights once the batch that uses the weights before them is made."""
+        with self.changed:
+            self._wait(lambda: self.next > min(step + self.staleness, self.last))
+        with self.engines:
+            push()
+        with self.changed:
+            self.version = step
+            self.changed.notify_all()
+
+    def metrics(self, step: int, rollouts: list[Rollout]) -> tuple[dict[str, float], dict[str, float]]:
+        """This rank's (to sum over ranks, to max over ranks): the staleness of what it trained (in steps), the
+        batches made ahead, the time the trainer waited for its batch and the producer's busy time."""
+        lags = [step - 1 - r.version for r in rollouts] or [0]
+        busy, self.producer_busy_s = self.producer_busy_s, 0.0
+        sums = {"async/staleness_sum": float(sum(lags)), "async/samples": float(len(lags))}
+        peaks = {"async/staleness_max": float(max(lags)), "async/queue_depth": float(self.depth)}
+        return sums, {**peaks, "async/wait_s": self.waited_s, "async/producer_busy_s": busy}
+
+    def quiesce(self) -> None:
+        """Wait until the producer made every batch the engines' current weights feed (it then waits for the
+        next push): what a checkpoint stores is then complete."""
+        with self.changed:
+            self._wait(lambda: not self._startable())
+
+    def state_dict(self) -> dict:
+        self.quiesce()
+        with self.changed:
+            return {
+                "version": self.version,
+                "ready": {str(step): {**batch.to_dict(), "seconds": s} for step, (batch, s) in self.ready.items()},
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        with self.changed:
+            self.version = int(state["version"])
+            self.ready = {
+                int(step): (Batch.from_dict({k: v for k, v in b.items() if k != "seconds"}), b["seconds"])
+                for step, b in state["ready"].items()
+            }
+            self.next = max(self.ready, default=self.version) + 1
+
+    def close(self) -> None:
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=60)
+
+
+def rollout_schedule(cfg: ScheduleConfig, produce: Produce, version: int, last_step: int):
+    """The schedule `rollout.schedule` asks for; `version`: the step whose weights the engines start with."""
+    if cfg.mode == "sync":
+        return SyncSchedule(produce, version)
+    return AheadSchedule(produce, version, 1 if cfg.mode == "one_step_off" else cfg.max_staleness, last_step)
+
+
+def schedule_metrics(world: World, sums: dict[str, float], peaks: dict[str, float]) -> dict[str, float]:
+    """An ahead schedule's step metrics over ranks ({} for sync): mean staleness per sample, maxima."""
+    if not sums:
+        return {}
+    total = summed(world, sums)
+    return {
+        "async/staleness_mean": total["async/staleness_sum"] / max(total["async/samples"], 1.0),
+        **maxed(world, peaks),
+    }
