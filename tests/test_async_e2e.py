@@ -1,0 +1,113 @@
+"""Rollouts ahead of the trainer (rollout.schedule), end to end: 2 torchrun ranks, real engines, dynamic sampling.
+
+- async with max_staleness 0 is the sync run exactly (same metrics, same final weights);
+- one_step_off trains step s on rollouts of step s - 2's weights (staleness 1 from step 2 on), and a run killed
+  with kill -9 while a checkpoint is being written resumes to the uninterrupted run's metrics and weights.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from e2e import ONE_TOKEN_GRPO, env, experiment, process_tree, torchrun_args
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.engine
+STEPS = 6
+# wall-clock measurements and the schedule's own (sync logs none), the only fields allowed to differ
+TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_busy_s", "async/")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("async")
+    return tmp, experiment(
+        tmp,
+        f"""
+{ONE_TOKEN_GRPO}algorithm: {{mini_batches: 2, dynamic_sampling: {{enabled: true, max_rounds: 2}}}}
+checkpoint: {{every: 2, keep: 2}}
+run: {{name: r, steps: {STEPS}, eval_every: 3}}
+""",
+        name="async.yaml",
+    )
+
+
+def launch(tmp: Path, out: str, config: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        torchrun_args(config, f"run.output_dir={tmp / out}", *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(),
+        cwd=tmp,
+    )
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, _ = proc.communicate(timeout=600)
+    return out
+
+
+def run(tmp: Path, out: str, config: Path, *args: str) -> Path:
+    text = finish(launch(tmp, out, config, *args))
+    assert "done:" in text, text[-3000:]
+    return tmp / out / "r"
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    drop = lambda r: {k: v for k, v in r.items() if k != "elapsed_s" and not k.startswith(TIMING)}
+    for want, have in zip(map(drop, records(a)), map(drop, records(b)), strict=True):
+        assert want == have, {
+            k: (want.get(k), have.get(k)) for k in set(want) | set(have) if want.get(k) != have.get(k)
+        }
+    wa, wb = load_file(a / "policy" / "model.safetensors"), load_file(b / "policy" / "model.safetensors")
+    assert set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_async_with_max_staleness_0_is_the_sync_run(config):
+    tmp, path = config
+    sync = run(tmp, "sync", path)
+    ahead = run(tmp, "async0", path, "rollout.schedule.mode=async", "rollout.schedule.max_staleness=0")
+    assert_same_run(sync, ahead)
+    steps = [r for r in records(ahead) if r["step"] > 0]
+    assert all(r["async/staleness_mean"] == 0 and r["async/staleness_max"] == 0 for r in steps)
+
+
+def test_one_step_off_is_one_step_stale_and_resumes_exactly_after_kill_9(config):
+    tmp, path = config
+    mode = "rollout.schedule.mode=one_step_off"
+    uninterrupted = run(tmp, "full", path, mode)
+    steps = [r for r in records(uninterrupted) if r["step"] > 0]
+    # step 1 trains on the first batch (the starting weights); from step 2 on, on step s - 2's weights
+    assert [r["async/staleness_max"] for r in steps] == [0.0] + [1.0] * (STEPS - 1)
+    assert all(r["async/staleness_mean"] == 1.0 for r in steps[1:])
+
+    run_dir, ckpts = tmp / "chain" / "r", tmp / "chain" / "r" / "checkpoints"
+    proc = launch(tmp, "chain", path, mode, "checkpoint.debug_write_delay_s=1.0")
+    saved = ckpts / "step-00000002"
+
+    def killable() -> bool:  # step 2's checkpoint committed, step 4's being written
+        return (saved / "manifest.json").is_file() and any(".tmp-" in p.name for p in ckpts.iterdir())
+
+    deadline = time.monotonic() + 300
+    while not (ckpts.is_dir() and killable()):
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[-3000:]
+        time.sleep(0.02)
+    for pid in process_tree(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    finish(proc)
+    # the checkpoint holds the batches made ahead with the weights before step 2's (those of steps 3 and 4)
+    ahead = json.loads((saved / "rank0.json").read_text())["rollouts"]
+    assert ahead["version"] == 2 and sorted(ahead["ready"]) == ["3", "4"]
+    out = finish(launch(tmp, "chain", path, mode))
+    assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
+    assert_same_run(uninterrupted, run_dir)
