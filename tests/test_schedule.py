@@ -116,6 +116,29 @@ def test_a_checkpoint_holds_the_batches_made_ahead_and_resumes_exactly():
     assert [s for s, _ in resumed.produce.made] == [7, 8]  # the resumed producer made only the rest
 
 
+def test_groups_older_than_the_bound_are_dropped_and_counted():
+    class CarryOver(FakeProducer):  # like dynamic sampling's queue: batch s also holds a group of batch s - 1
+        def __call__(self, step, timer, version):
+            batch = super().__call__(step, timer, version)
+            old = Rollout(None, [1], [3], [-0.5], "stop", version=max(0, version - 1), origin=(0, step))
+            batch.rollouts.append(old)
+            return batch
+
+    schedule = AheadSchedule(CarryOver(), 0, 1, last_step=4)
+    try:
+        kept, dropped = [], []
+        for step in range(1, 5):
+            batch = schedule.take(step, StageTimer())
+            kept.append(len(batch.rollouts))
+            dropped.append(schedule.metrics(step, batch.rollouts)[0]["async/dropped_stale_samples"])
+            schedule.push(step, lambda: None)
+    finally:
+        schedule.close()
+    # steps 1-2 are made with step 0's weights (the carried group too: nothing older exists); from step 3 on the
+    # carried group is 2 steps stale, over the bound of 1
+    assert kept == [2, 2, 1, 1] and dropped == [0, 0, 1, 1]
+
+
 def test_a_producer_failure_is_raised_in_the_trainer():
     schedule = AheadSchedule(FakeProducer(fail_at=3), 0, 1, last_step=6)
     try:

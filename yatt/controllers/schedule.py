@@ -95,6 +95,7 @@ class AheadSchedule:
         self.thread: threading.Thread | None = None
         self.waited_s = self.producer_busy_s = 0.0
         self.depth = 0  # batches made ahead when the trainer took its last one
+        self.dropped = 0  # samples of the last batch older than the bound
 
     def weights_for(self, step: int) -> int:
         return max(self.start, step - 1 - self.staleness)
@@ -140,6 +141,9 @@ class AheadSchedule:
             batch, seconds = self.ready.pop(step)
             self.depth = len(self.ready)
         self.waited_s = time.perf_counter() - began
+        # groups dynamic sampling carried over from an earlier batch can be older than the bound: dropped
+        fresh = [r for r in batch.rollouts if r.version >= step - 1 - self.staleness]
+        self.dropped, batch.rollouts = len(batch.rollouts) - len(fresh), fresh
         for name, s in seconds.items():
             timer.seconds[name] = timer.seconds.get(name, 0.0) + s
         return batch
@@ -160,6 +164,7 @@ class AheadSchedule:
         lags = [step - 1 - r.version for r in rollouts] or [0]
         busy, self.producer_busy_s = self.producer_busy_s, 0.0
         sums = {"async/staleness_sum": float(sum(lags)), "async/samples": float(len(lags))}
+        sums["async/dropped_stale_samples"] = float(self.dropped)
         peaks = {"async/staleness_max": float(max(lags)), "async/queue_depth": float(self.depth)}
         return sums, {**peaks, "async/wait_s": self.waited_s, "async/producer_busy_s": busy}
 
@@ -206,7 +211,6 @@ def schedule_metrics(world: World, sums: dict[str, float], peaks: dict[str, floa
     if not sums:
         return {}
     total = summed(world, sums)
-    return {
-        "async/staleness_mean": total["async/staleness_sum"] / max(total["async/samples"], 1.0),
-        **maxed(world, peaks),
-    }
+    mean = total["async/staleness_sum"] / max(total["async/samples"], 1.0)
+    dropped = total["async/dropped_stale_samples"]
+    return {"async/staleness_mean": mean, "async/dropped_stale_samples": dropped, **maxed(world, peaks)}

@@ -85,6 +85,8 @@ class ControllerShard(ShardState):
         roles, self.ahead = self.engines.device_roles(), (ahead := cfg.rollout.schedule.mode != "sync")
         self.placement = DeviceOwnership({"train": train, **({} if ahead else roles)}, "train" if ahead else "rollout")
         self.engine_placement = DeviceOwnership(roles, "rollout") if ahead else self.placement
+        if ahead:  # a restarted engine gets the version its batch is generated with
+            self.engines.keep_pushed()
         mp = model_parallel_world(world, *cfg.trainer.model_parallel) if ahead and group_world else group_world
         self.producer_group = GroupShare(mp, self.devices, self.world) if ahead else self.group
         dynamic = cfg.algorithm.dynamic_sampling
@@ -113,8 +115,8 @@ class ControllerShard(ShardState):
         restarted = self.engines.heal_local() if ahead else self.engines.heal()
         before = self.engines.busy_seconds()
         rollouts, stats, counts = self.produce(step, timer)
-        for r in rollouts:
-            r.version = version
+        for r in rollouts:  # groups dynamic sampling kept from an earlier batch keep their own version
+            r.version = version if r.version < 0 else r.version
         busy, restarts = engine_busy(before, self.engines.busy_seconds()), self.engines.take_restarts() if ahead else 0
         return Batch(rollouts, stats, counts, busy, restarts, restarted)
 

@@ -72,6 +72,9 @@ class EngineServices:
         self.local: dict[str, EngineClient] = {}
         self.generation = 0
         self.uncounted_restarts = 0  # engines restarted since take_restarts last counted them
+        # keep_pushed(): a host copy of the weights last pushed, which a restarted engine is loaded with
+        self.pushed: list[NamedTensors] | None = None
+        self.keeps_pushed = False
         for role in self.specs:  # from model.path: the policy before any step (a resume pushes its own)
             self._start(role, restart=False)
         self._remote: dict[tuple[str, int], EngineClient] = {}
@@ -86,7 +89,8 @@ class EngineServices:
         )
         self.local[role] = client
         if restart and role in self.rollout_roles and self.policy_weights is not None:
-            for bucket in self.policy_weights():
+            # keeping a copy, the engines' version is the last push (none yet: model.path, as they started)
+            for bucket in (self.pushed or []) if self.keeps_pushed else self.policy_weights():
                 client.update_weights(bucket)
         self.world.publish(f"engine/{role}/{self.world.rank}", client.endpoint)
         return client
@@ -95,9 +99,18 @@ class EngineServices:
     def rollout(self) -> EngineClient:
         return self.local[ROLLOUT]
 
+    def keep_pushed(self) -> None:
+        """From now on a restarted rollout engine gets a host copy of the weights last pushed, not the trainer's
+        live ones: for a producer thread that generates with an older version than the trainer holds, and that
+        must not join a sharded trainer's gather (one copy of the policy in host memory)."""
+        self.keeps_pushed = True
+
     def push_policy(self) -> None:
         """The weight sync: the policy's current weights (`policy_weights`) into this rank's rollout engines."""
-        self.push_weights(self.policy_weights())
+        buckets = self.policy_weights()
+        if self.keeps_pushed:
+            buckets = self.pushed = [[(name, t.detach().to("cpu", copy=True)) for name, t in b] for b in buckets]
+        self.push_weights(buckets)
 
     def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
         """Load the policy's weights into this rank's rollout engines, one bucket at a time.

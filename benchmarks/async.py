@@ -1,0 +1,174 @@
+"""Rollout schedules side by side on the quickstart task: sync, one_step_off and async with max_staleness 1, 2, 4.
+
+    OMP_NUM_THREADS=1 python benchmarks/async.py [--steps 150] [--nproc 1] [--schedules NAME ...]
+        [--config configs/quickstart.yaml] [--out benchmarks/results/async]
+
+Layout: --nproc trainer ranks (default 1), each with its rollout engine (a child process with one thread): on the
+2-core box, one trainer rank and its engine on separate cores. Each schedule is a real run, one after the other
+(never two at once), of `launch/train.py --config <config> --placement full rollout.schedule.mode=...` for --steps
+steps, on the same data and seeds, with dynamic sampling off (every step trains the same number of samples, so
+runs compare at equal samples trained) and a held-out evaluation every --steps / 3 steps and at the end.
+
+Per schedule: samples/s over the RL steps (samples trained / the sum of step times), the median step time, the
+trainer's busy fraction (logprobs + update + sync over the step's wall time) and the rollout engines' (their
+stepping time, load/rollout_busy_s, over the step's wall time), held-out accuracy at each evaluation (equal samples
+trained for every schedule), and the staleness of what was trained (mean, max) with the samples dropped as
+older than max_staleness (only groups dynamic sampling carries over can be; it is off here). async with
+max_staleness 1 is one_step_off by construction (docs/async.md): the same run, timed again.
+
+Writes <out>.json, <out>.md (samples/s ratios to sync) and <out>.png (held-out accuracy against samples trained,
+and samples/s per schedule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from harness import pyplot, shown, slug, table
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEDULES = {  # name: overrides
+    "sync": ["rollout.schedule.mode=sync"],
+    "one_step_off": ["rollout.schedule.mode=one_step_off"],
+    "async k=1": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=1"],
+    "async k=2": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=2"],
+    "async k=4": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=4"],
+}
+WARMUP_STEPS = 3  # left out of the step-time median
+
+
+def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
+    run_name = slug(name)
+    cmd = [
+        sys.executable,
+        "launch/train.py",
+        "--nproc",
+        str(args.nproc),
+        "--config",
+        str(args.config.resolve()),
+        "--placement",
+        "full",
+        "--resume",
+        "none",
+        f"run.steps={args.steps}",
+        f"run.eval_every={max(1, args.steps // 3)}",
+        "checkpoint.every=0",
+        "run.export_policy=false",
+        f"run.output_dir={work}",
+        f"run.name={run_name}",
+        "algorithm.dynamic_sampling.enabled=false",
+        *SCHEDULES[name],
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    start = time.perf_counter()
+    with open(work / f"{run_name}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc:
+        tail = (work / f"{run_name}.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"schedule {name!r} failed (exit {rc}); the end of its log:\n{tail}")
+    records = [json.loads(line) for line in (work / run_name / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r.get("step", 0) > 0 and "time/step_s" in r]
+    samples = sum(r["rollout/samples"] for r in steps)
+    wall = sum(r["time/step_s"] for r in steps)
+    timed = [r for r in steps if r["step"] > WARMUP_STEPS]
+
+    def fraction(parts: list[str]) -> float:
+        return statistics.median(sum(r.get(p, 0.0) for p in parts) / r["time/step_s"] for r in timed)
+
+    trained, evals = 0.0, []
+    for r in records:
+        trained += r.get("rollout/samples", 0.0)
+        if "eval/accuracy" in r:
+            evals.append({"step": r["step"], "samples": trained, "accuracy": r["eval/accuracy"]})
+    return {
+        "schedule": name,
+        "samples_per_s": samples / wall,
+        "step_s": statistics.median(r["time/step_s"] for r in timed),
+        "trainer_busy": fraction(["time/logprobs_s", "time/update_s", "time/sync_s"]),
+        "rollout_busy": fraction(["load/rollout_busy_s"]),
+        "staleness_mean": statistics.mean(r.get("async/staleness_mean", 0.0) for r in steps),
+        "staleness_max": max(r.get("async/staleness_max", 0.0) for r in steps),
+        "dropped_stale": sum(r.get("async/dropped_stale_samples", 0.0) for r in steps),
+        "accuracy_end": evals[-1]["accuracy"],
+        "evals": evals,
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--nproc", type=int, default=1, help="trainer ranks (each with its engine)")
+    parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
+    parser.add_argument("--schedules", nargs="*", choices=list(SCHEDULES), default=list(SCHEDULES))
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/async")
+    args = parser.parse_args()
+    if args.steps <= WARMUP_STEPS:
+        parser.error(f"--steps: more than the {WARMUP_STEPS} warm-up steps")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="yatt-async-") as tmp:
+        for name in args.schedules:
+            print(f"{name} ...", flush=True)
+            rows.append(run_schedule(name, args, Path(tmp)))
+            r = rows[-1]
+            print(
+                f"  {r['samples_per_s']:.0f} samples/s, step {r['step_s']:.3f} s, trainer busy "
+                f"{r['trainer_busy']:.2f}, rollout busy {r['rollout_busy']:.2f}, accuracy {r['accuracy_end']:.3f}",
+                flush=True,
+            )
+    settings = {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    md = [
+        f"# Rollout schedules: {shown(args.config)}, {args.nproc} trainer rank(s) + engine(s), {args.steps} steps\n",
+        table(
+            rows,
+            [
+                ("samples_per_s", "samples/s"),
+                ("step_s", "step s (median)"),
+                ("trainer_busy", "trainer busy"),
+                ("rollout_busy", "rollout busy"),
+                ("staleness_mean", "staleness mean"),
+                ("staleness_max", "staleness max"),
+                ("dropped_stale", "dropped stale samples"),
+                ("accuracy_end", "held-out acc (end)"),
+            ],
+            ["samples_per_s"],
+        ),
+        "",
+        "Held-out accuracy at equal samples trained:",
+        "",
+        "| schedule | " + " | ".join(f"{e['samples']:.0f} samples" for e in rows[0]["evals"]) + " |",
+        "|---|" + "---|" * len(rows[0]["evals"]),
+        *(f"| {r['schedule']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
+        "",
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps({"settings": settings, "schedules": rows}, indent=2) + "\n")
+    Path(f"{args.out}.md").write_text("\n".join(md))
+    plt = pyplot()
+    if plt is not None:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+        for r in rows:
+            left.plot(
+                [e["samples"] for e in r["evals"]], [e["accuracy"] for e in r["evals"]], marker="o", label=r["schedule"]
+            )
+        left.set_xlabel("samples trained")
+        left.set_ylabel("held-out accuracy")
+        left.legend()
+        right.bar([r["schedule"] for r in rows], [r["samples_per_s"] for r in rows])
+        right.set_ylabel("samples/s")
+        fig.tight_layout()
+        fig.savefig(f"{args.out}.png", dpi=100)
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
