@@ -31,7 +31,7 @@ class FakeProducer:
         with self.lock:
             self.made.append((step, version))
         rollout = Rollout(None, [1], [2], [-0.5], "stop", version=version, origin=(0, step))
-        return Batch([rollout], GenerationStats(rollout_s=0.1), {}, {"rollout": 0.1, "genrm": 0.0}, 0, 0)
+        return Batch([rollout], GenerationStats(rollout_s=0.1), {}, {"rollout": 0.1, "genrm": 0.0}, 0)
 
 
 def train(schedule, steps: range, pushed: list | None = None) -> list[tuple[int, int]]:

@@ -5,7 +5,8 @@ loads it in every process. In rank 0 only (engine processes are spawned without 
 the seams the controller calls and SIGKILLs one of the rank's own engines at each phase listed in
 YATT_TEST_KILL, e.g. "generate@1,judge@2,train@2,sync@3,eval@2" (phase@step, each once):
 
-- generate / judge: right after the step's rollout / judge requests were submitted to the engine;
+- generate / judge: right after the step's rollout / judge requests were submitted to the engine (the step
+  whose batch is being made: with rollout.schedule ahead of the trainer, a producer thread makes it earlier);
 - train: when the policy update starts (the shard's `policy_update`), while the rollout engine sleeps (it is
   found dead at the next wake);
 - sync: when the weight push starts (the engine dies under the update);
@@ -26,19 +27,24 @@ if _SPEC and os.environ.get("RANK") == "0":
     from yatt.placement.engine_lifecycle import ROLLOUT, EngineServices
 
     pending = {tuple((p.split("@")[0], int(p.split("@")[1]))) for p in _SPEC.split(",")}
-    state = {"step": 0, "services": None, "evaluating": False}
+    state = {"step": 0, "services": None, "evaluating": False, "producing": 0}
 
-    def kill(phase: str, role_prefix: str) -> None:
-        if (phase, state["step"]) not in pending:
+    def kill(phase: str, role_prefix: str, at: int | None = None) -> None:
+        at = state["step"] if at is None else at
+        if (phase, at) not in pending:
             return
-        pending.discard((phase, state["step"]))
+        pending.discard((phase, at))
         services = state["services"]
         role = next(r for r in services.local if r.startswith(role_prefix))
         os.kill(services.local[role].pid, signal.SIGKILL)
         with open(os.environ["YATT_TEST_KILL_LOG"], "a") as log:
-            log.write(f"{phase}@{state['step']} {role}\n")
+            log.write(f"{phase}@{at} {role}\n")
 
-    step, evaluate = ControllerShard.step, ControllerShard.evaluate
+    step, evaluate, produce = ControllerShard.step, ControllerShard.evaluate, ControllerShard.produce
+
+    def traced_produce(self, n, timer):
+        state["producing"], state["services"] = n, self.engines
+        return produce(self, n, timer)
 
     def traced_step(self, n):
         state["step"], state["services"] = n, self.engines
@@ -59,7 +65,8 @@ if _SPEC and os.environ.get("RANK") == "0":
         submit(self, requests)
         if state["services"] is not None and not state["evaluating"]:
             judging = any(name.startswith("genrm-") for name in self.engines)
-            kill("judge", "genrm-") if judging else kill("generate", ROLLOUT)
+            at = state["producing"]
+            kill("judge", "genrm-", at) if judging else kill("generate", ROLLOUT, at)
 
     update, push_weights = shard_module.policy_update, EngineServices.push_weights
 
@@ -72,5 +79,6 @@ if _SPEC and os.environ.get("RANK") == "0":
         return push_weights(self, buckets)
 
     ControllerShard.step, ControllerShard.evaluate = traced_step, traced_evaluate
+    ControllerShard.produce = traced_produce
     shard_module.policy_update = traced_update
     EnginePool.submit, EngineServices.push_weights = traced_submit, traced_push_weights

@@ -42,8 +42,7 @@ class Batch:
     stats: GenerationStats
     counts: dict[str, float]  # this rank's dynamic sampling counts ({} when off)
     busy: dict[str, float]  # engine seconds per role (yatt.placement.metrics.engine_busy)
-    restarts: int  # this rank's engine restarts counted with it (EngineServices.take_restarts; 0: the step counts)
-    restarted: int  # engines restarted on all ranks before it (EngineServices.heal; 0 when counted later)
+    restarted: int  # engines restarted on all ranks before it (EngineServices.heal; 0: the step counts them)
 
     def to_dict(self) -> dict:
         return {**asdict(self), "rollouts": [r.to_dict() for r in self.rollouts]}

@@ -111,14 +111,12 @@ class ControllerShard(ShardState):
     def _batch(self, step: int, timer: StageTimer, version: int) -> Batch:
         """What a schedule runs for a step's batch: heal the engines, produce, note the engines' time and the
         weights `version` (ahead of the trainer, on the producer thread: a heal without collectives)."""
-        ahead = self.ahead
-        restarted = self.engines.heal_local() if ahead else self.engines.heal()
+        restarted = self.engines.heal_local() if self.ahead else self.engines.heal()
         before = self.engines.busy_seconds()
         rollouts, stats, counts = self.produce(step, timer)
         for r in rollouts:  # groups dynamic sampling kept from an earlier batch keep their own version
             r.version = version if r.version < 0 else r.version
-        busy, restarts = engine_busy(before, self.engines.busy_seconds()), self.engines.take_restarts() if ahead else 0
-        return Batch(rollouts, stats, counts, busy, restarts, restarted)
+        return Batch(rollouts, stats, counts, engine_busy(before, self.engines.busy_seconds()), restarted)
 
     def produce(self, step: int, timer: StageTimer) -> tuple[list[Rollout], GenerationStats, dict[str, float]]:
         """generate -> reward (-> dynamic sampling): this step's scored groups, its generation rounds' stats
@@ -209,9 +207,7 @@ class ControllerShard(ShardState):
         """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics);
         looks restarted engines up again, and picks the next step's split."""
         busy = {**batch.busy, "train": timer.seconds["logprobs"] + timer.seconds["update"]}
-        # ahead of the trainer the producer counts the restarts (the engines are its own), else the step does
-        ahead, owned, split = self.ahead, self.placement.take_metrics(), self.schedule.split
-        restarts = batch.restarts + (0 if ahead else self.engines.take_restarts())
+        restarts, owned, split = self.engines.take_restarts(), self.placement.take_metrics(), self.schedule.split
         parts = (busy, owned, restarts, batch.restarted, batch.stats, split, timer.total, self.judges, batch.rollouts)
         out = step_placement_metrics(self.world, self.devices, *parts)
         if out["placement/engine_restarts"]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -72,6 +73,7 @@ class EngineServices:
         self.local: dict[str, EngineClient] = {}
         self.generation = 0
         self.uncounted_restarts = 0  # engines restarted since take_restarts last counted them
+        self._counting = threading.Lock()  # an ahead schedule's producer restarts engines too
         # keep_pushed(): a host copy of the weights last pushed, which a restarted engine is loaded with
         self.pushed: list[NamedTensors] | None = None
         self.keeps_pushed = False
@@ -134,7 +136,7 @@ class EngineServices:
         for role in failed:
             self.local[role].close()
             self._start(role)
-            self.uncounted_restarts += 1
+            self._count_restart()
 
     def device_roles(self) -> dict[str, HookRole]:
         """The engines' roles on this device (yatt.placement.ownership): ROLLOUT's and "genrm"'s engines sleep
@@ -166,7 +168,7 @@ class EngineServices:
                 )
                 self.local[role].close()
                 out.append(getattr(self._start(role), method)())
-                self.uncounted_restarts += 1
+                self._count_restart()
         return out
 
     def heal_local(self) -> int:
@@ -176,7 +178,7 @@ class EngineServices:
         for role in [role for role, c in self.local.items() if not c.alive()]:
             self.local[role].close()
             self._start(role)
-            self.uncounted_restarts += 1
+            self._count_restart()
         return 0
 
     def heal(self) -> int:
@@ -189,10 +191,15 @@ class EngineServices:
             self.world.barrier()  # every restarted engine's new endpoint is published before anyone looks
         return restarted
 
+    def _count_restart(self) -> None:
+        with self._counting:
+            self.uncounted_restarts += 1
+
     def take_restarts(self) -> int:
         """This rank's engines restarted since the last call: by a pool (generation, judging, evaluation),
         a wake or a failed weight push. The step sums them over ranks at its end."""
-        count, self.uncounted_restarts = self.uncounted_restarts, 0
+        with self._counting:
+            count, self.uncounted_restarts = self.uncounted_restarts, 0
         return count
 
     def forget_endpoints(self) -> None:
@@ -220,7 +227,7 @@ class EngineServices:
             if own.alive():
                 return own
             own.close()
-            self.uncounted_restarts += 1
+            self._count_restart()
             return self._start(kind)
 
         return EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks for role in roles}, respawn=respawn)
