@@ -1,7 +1,9 @@
-"""Rollout schedules side by side on the quickstart task: sync, one_step_off and async with max_staleness 1, 2, 4.
+"""Rollout schedules side by side on the quickstart task: sync, one_step_off, async with max_staleness 1, 2, 4.
 
     OMP_NUM_THREADS=1 python benchmarks/async.py [--steps 150] [--nproc 1] [--schedules NAME ...]
-        [--config configs/quickstart.yaml] [--out benchmarks/results/async]
+        [--config configs/quickstart.yaml] [--out benchmarks/results/async] [OVERRIDE ...]
+
+OVERRIDEs (`a.b=c`) go to every run, e.g. `rollout.engine.backend=vllm rollout.engine.vllm.kv_cache_gib=1`.
 
 Layout: --nproc trainer ranks (default 1), each with its rollout engine (a child process with one thread): on the
 2-core box, one trainer rank and its engine on separate cores. Each schedule is a real run, one after the other
@@ -41,6 +43,13 @@ SCHEDULES = {  # name: overrides
     "async k=1": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=1"],
     "async k=2": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=2"],
     "async k=4": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=4"],
+    # with the truncated rollout IS weight: decoupled PPO's correction of the stale behaviour policy (docs/async.md)
+    "one_step_off + TIS": ["rollout.schedule.mode=one_step_off", "algorithm.rollout_is.mode=truncate"],
+    "async k=2 + TIS": [
+        "rollout.schedule.mode=async",
+        "rollout.schedule.max_staleness=2",
+        "algorithm.rollout_is.mode=truncate",
+    ],
 }
 WARMUP_STEPS = 3  # left out of the step-time median
 
@@ -66,6 +75,7 @@ def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
         f"run.name={run_name}",
         "algorithm.dynamic_sampling.enabled=false",
         *SCHEDULES[name],
+        *args.overrides,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
@@ -89,7 +99,7 @@ def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
         if "eval/accuracy" in r:
             evals.append({"step": r["step"], "samples": trained, "accuracy": r["eval/accuracy"]})
     return {
-        "schedule": name,
+        "variant": name,
         "samples_per_s": samples / wall,
         "step_s": statistics.median(r["time/step_s"] for r in timed),
         "trainer_busy": fraction(["time/logprobs_s", "time/update_s", "time/sync_s"]),
@@ -110,6 +120,7 @@ def main() -> int:
     parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
     parser.add_argument("--schedules", nargs="*", choices=list(SCHEDULES), default=list(SCHEDULES))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/async")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args()
     if args.steps <= WARMUP_STEPS:
         parser.error(f"--steps: more than the {WARMUP_STEPS} warm-up steps")
@@ -125,8 +136,12 @@ def main() -> int:
                 flush=True,
             )
     settings = {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    command = " ".join(["python benchmarks/async.py", *(shown(a) if a.startswith("/") else a for a in sys.argv[1:])])
     md = [
-        f"# Rollout schedules: {shown(args.config)}, {args.nproc} trainer rank(s) + engine(s), {args.steps} steps\n",
+        f"# Rollout schedules: {shown(args.config)} {' '.join(args.overrides)}, {args.nproc} trainer rank(s) + "
+        f"engine(s), {args.steps} steps\n",
+        f"{time.strftime('%Y-%m-%d')}, commit {commit.strip() or 'unknown'}: `OMP_NUM_THREADS=1 {command}`\n",
         table(
             rows,
             [
@@ -146,7 +161,7 @@ def main() -> int:
         "",
         "| schedule | " + " | ".join(f"{e['samples']:.0f} samples" for e in rows[0]["evals"]) + " |",
         "|---|" + "---|" * len(rows[0]["evals"]),
-        *(f"| {r['schedule']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
+        *(f"| {r['variant']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
         "",
     ]
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -157,12 +172,12 @@ def main() -> int:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
         for r in rows:
             left.plot(
-                [e["samples"] for e in r["evals"]], [e["accuracy"] for e in r["evals"]], marker="o", label=r["schedule"]
+                [e["samples"] for e in r["evals"]], [e["accuracy"] for e in r["evals"]], marker="o", label=r["variant"]
             )
         left.set_xlabel("samples trained")
         left.set_ylabel("held-out accuracy")
         left.legend()
-        right.bar([r["schedule"] for r in rows], [r["samples_per_s"] for r in rows])
+        right.bar([r["variant"] for r in rows], [r["samples_per_s"] for r in rows])
         right.set_ylabel("samples/s")
         fig.tight_layout()
         fig.savefig(f"{args.out}.png", dpi=100)

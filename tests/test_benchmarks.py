@@ -245,3 +245,32 @@ def test_committed_results_hold_no_machine_paths():
         text = path.read_text()
         for prefix in ("/work/", "/tmp/", "/home/", "/root/", "/Users/", str(REPO)):
             assert prefix not in text, f"{path.name} records a machine path ({prefix}...)"
+
+
+@pytest.mark.engine
+def test_async(tmp_path):
+    """The rollout schedules on a tiny config: one rank and its engine per schedule, evaluations at equal samples."""
+    config = experiment(tmp_path, ONE_TOKEN_GRPO)
+    out = run(
+        "async.py",
+        "--config",
+        str(config),
+        "--steps",
+        "6",
+        "--schedules",
+        "sync",
+        "async k=2",
+        "--out",
+        str(tmp_path / "async"),
+        "rollout.engine.backend=hf",
+        "rollout.engine.vllm=null",
+        cwd=tmp_path,
+    )
+    rows = results(tmp_path / "async.json", tmp_path)["schedules"]
+    assert [r["variant"] for r in rows] == ["sync", "async k=2"]
+    sync, ahead = rows
+    assert sync["staleness_max"] == 0 and ahead["staleness_max"] == 2 and ahead["dropped_stale"] == 0
+    # evaluations at the same samples trained in every schedule
+    assert [e["samples"] for e in sync["evals"]] == [e["samples"] for e in ahead["evals"]] == [0, 128, 256, 384]
+    assert all(r["samples_per_s"] > 0 and 0 < r["trainer_busy"] <= 1 for r in rows)
+    assert "samples_per_s / sync" in out

@@ -1,6 +1,7 @@
 """Generation split within a model-parallel group (yatt.controllers.generation.GroupShare): with the megatron
 backend at TP=2 (or PP=2) on 2 ranks, each rank generates, judges and scores half of the data-parallel rank's
-prompts on its own engine, and the group gathers them. The batch must be the one a single rank generates alone
+prompts on its own engine, and the group gathers them (also ahead of the trainer, rollout.schedule.mode=
+one_step_off, over the producer's own process groups). The batch must be the one a single rank generates alone
 (YATT_UNSPLIT_GENERATION=1: both ranks generate all prompts), so the runs' rewards, losses and trained weights are
 the same; only timings, the judge queue and per-device engine work may differ."""
 
@@ -31,6 +32,9 @@ PER_DEVICE = (
     "device",
     "genrm/max_queue",
     "genrm/judged_per_busy_s",
+    "async/wait_s",
+    "async/producer_busy_s",
+    "async/queue_depth",
 )
 
 CASES = {
@@ -46,6 +50,12 @@ CASES = {
         "full",
     ),
     "pp2_grpo": ("", ["trainer.megatron.pipeline_parallel=2"], "full"),
+    # ahead of the trainer: the producer thread's split and gather go over process groups of its own
+    "tp2_one_step_off_genrm_dynamic": (
+        "algorithm: {dynamic_sampling: {enabled: true, max_rounds: 2}}\n",
+        ["trainer.megatron.tensor_parallel=2", "rollout.schedule.mode=one_step_off"],
+        "full",
+    ),
 }
 SLOW = {"tp2_remax", "pp2_grpo"}
 
