@@ -34,7 +34,7 @@ schedules:
 5. Tensor-parallel collectives -> shared memory, when the trainer asks (`use_host_collectives`):
    `torch.distributed.all_reduce` and `all_gather` on the tensor-parallel group (megatron's row-parallel
    outputs, column-parallel input gradients and vocabulary-parallel embedding; yatt's vocabulary-parallel
-   softmax sums and its weight gathers) go through `yatt.trainers.host_collectives` instead of gloo when the
+   softmax sums and its weight gathers) go through `yatt.trainers.megatron_collectives` instead of gloo when the
    group's ranks share a host. megatron calls `torch.distributed.all_reduce` itself (some calls asynchronous,
    whose handle is then already complete), so the functions are replaced in `torch.distributed`; calls on any
    other group go to the originals.
@@ -167,7 +167,7 @@ def use_host_collectives(group: Any) -> None:
     that group go through shared memory where its ranks share a host; every other call is unchanged."""
     import torch.distributed as dist
 
-    from yatt.trainers.host_collectives import OPS, HostGroup
+    from yatt.trainers.megatron_collectives import OPS, HostGroup
 
     if torch.cuda.is_available() or group in _HOST:
         return

@@ -38,7 +38,7 @@ class MegatronConfig(BaseModel):
     host_collectives: bool = Field(
         True,
         description="On CPU, tensor-parallel all-reduces among ranks of one host go through shared memory "
-        "instead of gloo (yatt.trainers.host_collectives); the same sums. No effect on GPUs.",
+        "instead of gloo (yatt.trainers.megatron_collectives); the same sums. No effect on GPUs.",
     )
 
     @property

@@ -1,4 +1,4 @@
-"""yatt.trainers.host_collectives and megatron_compat's patch 5: shared-memory all-reduce / all-gather among the
+"""yatt.trainers.megatron_collectives and megatron_compat's patch 5: shared-memory all-reduce / all-gather among the
 ranks of a group on one host give gloo's results bit for bit, in chunks past a buffer, and only on the
 registered group."""
 
@@ -16,7 +16,7 @@ pytest.importorskip("megatron.core")
 
 
 def _worker(rank: int, size: int, tmp: str) -> None:
-    from yatt.trainers import host_collectives as hc
+    from yatt.trainers import megatron_collectives as hc
     from yatt.trainers import megatron_compat as compat
 
     torch.set_num_threads(1)
