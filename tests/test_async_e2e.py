@@ -8,14 +8,14 @@
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from e2e import ONE_TOKEN_GRPO, env, experiment, process_tree, torchrun_args
+from e2e import ONE_TOKEN_GRPO, experiment, process_tree
 from safetensors.torch import load_file
+from test_checkpoint_resume_e2e import finish, launch
 
 pytestmark = pytest.mark.engine
 STEPS = 6
@@ -37,24 +37,8 @@ run: {{name: r, steps: {STEPS}, eval_every: 3}}
     )
 
 
-def launch(tmp: Path, out: str, config: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        torchrun_args(config, f"run.output_dir={tmp / out}", *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env(),
-        cwd=tmp,
-    )
-
-
-def finish(proc: subprocess.Popen) -> str:
-    out, _ = proc.communicate(timeout=600)
-    return out
-
-
 def run(tmp: Path, out: str, config: Path, *args: str) -> Path:
-    text = finish(launch(tmp, out, config, *args))
+    text = finish(launch(tmp, config, out, *args))
     assert "done:" in text, text[-3000:]
     return tmp / out / "r"
 
@@ -92,7 +76,7 @@ def test_one_step_off_is_one_step_stale_and_resumes_exactly_after_kill_9(config)
     assert all(r["async/staleness_mean"] == 1.0 for r in steps[1:])
 
     run_dir, ckpts = tmp / "chain" / "r", tmp / "chain" / "r" / "checkpoints"
-    proc = launch(tmp, "chain", path, mode, "checkpoint.debug_write_delay_s=1.0")
+    proc = launch(tmp, path, "chain", mode, "checkpoint.debug_write_delay_s=1.0")
     saved = ckpts / "step-00000002"
 
     def killable() -> bool:  # step 2's checkpoint committed, step 4's being written
@@ -108,6 +92,6 @@ def test_one_step_off_is_one_step_stale_and_resumes_exactly_after_kill_9(config)
     # the checkpoint holds the batches made ahead with the weights before step 2's (those of steps 3 and 4)
     ahead = json.loads((saved / "rank0.json").read_text())["rollouts"]
     assert ahead["version"] == 2 and sorted(ahead["ready"]) == ["3", "4"]
-    out = finish(launch(tmp, "chain", path, mode))
+    out = finish(launch(tmp, path, "chain", mode))
     assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
     assert_same_run(uninterrupted, run_dir)

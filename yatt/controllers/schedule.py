@@ -59,8 +59,6 @@ Produce = Callable[[int, StageTimer, int], Batch]  # (step, timer, weights versi
 class SyncSchedule:
     """Generate, then train, then push: the step's batch is produced when the step asks for it."""
 
-    staleness = 0
-
     def __init__(self, produce: Produce, version: int):
         self.produce, self.version = produce, version
         self.engines = contextlib.nullcontext()

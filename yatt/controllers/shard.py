@@ -130,15 +130,15 @@ class ControllerShard(ShardState):
             return rollouts
 
         if self.sampler is None:
-            rollouts, sampling_metrics = generate(self.prompts_per_rank, 0), {}
+            rollouts, counts = generate(self.prompts_per_rank, 0), {}
         else:  # rounds until prompts_per_rank groups with reward variance (or max_rounds)
             group = self.cfg.rollout.group_size
             groups, counts = self.sampler.collect(self.prompts_per_rank, lambda n, r: in_groups(generate(n, r), group))
-            rollouts, sampling_metrics = [r for group in groups for r in group], counts
+            rollouts = [r for group in groups for r in group]
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
                 self.devices.barrier()
-        return rollouts, GenerationStats.merged(rounds), sampling_metrics
+        return rollouts, GenerationStats.merged(rounds), counts
 
     def consume(self, rollouts: list[Rollout], step: int, timer: StageTimer) -> tuple[dict, dict]:
         """rebalance -> logprobs -> advantages -> update -> sync: the step's training metrics, and the
