@@ -39,6 +39,8 @@ from harness import pyplot, shown, slug, table
 REPO = Path(__file__).resolve().parents[1]
 SCHEDULES = {  # name: overrides
     "sync": ["rollout.schedule.mode=sync"],
+    # the truncated IS weight on the sync schedule too, so the + TIS rows compare against like
+    "sync + TIS": ["rollout.schedule.mode=sync", "algorithm.rollout_is.mode=truncate"],
     "one_step_off": ["rollout.schedule.mode=one_step_off"],
     "async k=1": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=1"],
     "async k=2": ["rollout.schedule.mode=async", "rollout.schedule.max_staleness=2"],
