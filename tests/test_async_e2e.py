@@ -6,6 +6,7 @@
 """
 
 import json
+import math
 import os
 import signal
 import time
@@ -95,3 +96,45 @@ def test_one_step_off_is_one_step_stale_and_resumes_exactly_after_kill_9(config)
     out = finish(launch(tmp, path, "chain", mode))
     assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
     assert_same_run(uninterrupted, run_dir)
+
+
+def test_partial_rollouts_resume_on_the_new_weights(tmp_path):
+    """in_flight: resume on real vLLM engines: a push interrupts the batch being generated, which then resumes
+    on the new weights; every token keeps its version, the bound holds on the version a batch starts with,
+    and a resumed run trains on the checkpointed batches with their per-token versions."""
+    path = experiment(
+        tmp_path,
+        f"""rollout:
+  group_size: 8
+  max_new_tokens: 48     # generation outlasts the tiny trainer's step: pushes land mid-batch
+  engine: {{vllm: {{kv_cache_gib: 0.25}}}}
+  schedule: {{mode: async, max_staleness: 1, in_flight: resume}}
+algorithm: {{mini_batches: 2}}
+trainer: {{lr: 0.01, micro_batch_size: 16}}
+checkpoint: {{every: 2, keep: 2}}
+run: {{name: r, steps: {STEPS}, eval_every: {STEPS}}}
+""",
+    )
+    run_dir, ckpts = tmp_path / "resume" / "r", tmp_path / "resume" / "r" / "checkpoints"
+    proc = launch(tmp_path, path, "resume")
+    saved = ckpts / "step-00000002"
+    deadline = time.monotonic() + 300
+    while not (saved / "manifest.json").is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[-3000:]
+        time.sleep(0.02)
+    for pid in process_tree(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    finish(proc)
+    for batch in json.loads((saved / "rank0.json").read_text())["rollouts"]["ready"].values():
+        for r in batch["rollouts"]:
+            versions = r["token_versions"]
+            assert len(versions) == len(r["response_ids"]) and versions == sorted(versions) and versions[0] >= 0
+    out = finish(launch(tmp_path, path, "resume"))
+    assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
+    steps = {r["step"]: r for r in records(run_dir) if r["step"] > 0}  # the steps after 2 were logged again
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    for r in steps.values():
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float)), r
+        assert r["async/staleness_max"] <= 1
+    resumed = [r["async/resumed_samples"] for r in steps.values()]
+    assert sum(resumed) > 0, resumed

@@ -113,6 +113,8 @@ def test_impossible_combinations(tmp_path, model_dir):
         load_experiment(path, ["rollout.schedule.mode=async"], placement="partial")
     with pytest.raises(ConfigError, match="rollout.sync_every must be 1"):
         load_experiment(path, ["rollout.schedule.mode=one_step_off", "rollout.sync_every=2"])
+    with pytest.raises(ConfigError, match="in_flight=resume: the sync schedule never pushes while requests"):
+        load_experiment(path, ["rollout.schedule.in_flight=resume"])
 
 
 def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):

@@ -154,3 +154,38 @@ def test_the_config_picks_the_schedule():
     one = rollout_schedule(ScheduleConfig(mode="one_step_off", max_staleness=3), produce, 0, 5)
     assert isinstance(one, AheadSchedule) and one.staleness == 1
     assert rollout_schedule(ScheduleConfig(mode="async", max_staleness=3), produce, 0, 5).staleness == 3
+
+
+def test_in_flight_resume_pushes_mid_batch_and_the_batch_goes_on_with_the_new_weights():
+    """in_flight: resume: a push does not wait for the batch in flight; the producer, which checks `pending`
+    between tokens as ResumingPool does between polls, lets the push happen and goes on with the new version."""
+    box: dict = {}
+
+    def produce(step: int, timer: StageTimer, version: int) -> Batch:
+        schedule, versions = box["schedule"], []
+        box["progress"] = versions
+        for _ in range(20):  # 20 'tokens'
+            if schedule.pending():
+                schedule.pause()
+            versions.append(schedule.version)
+            time.sleep(0.005)
+        rollout = Rollout(None, [1], [2] * 20, [-0.5] * 20, "stop", version=versions[0], origin=(0, step))
+        rollout.token_versions = versions
+        return Batch([rollout], GenerationStats(), {}, {"rollout": 0.0, "genrm": 0.0}, 0)
+
+    schedule = box["schedule"] = AheadSchedule(produce, 0, 1, last_step=6, resume=True)
+    cuts, trained = [], []
+    try:
+        for step in range(1, 7):
+            batch = schedule.take(step, StageTimer())
+            trained.append(batch.rollouts[0])
+            # the push records how far the batch in flight had got (a batch being made: 0 < tokens < 20)
+            schedule.push(step, lambda: cuts.append(len(box["progress"])))
+            sums, _ = schedule.metrics(step, batch.rollouts)
+            assert sums["async/resumed_samples"] == float(len(set(batch.rollouts[0].token_versions)) > 1)
+    finally:
+        schedule.close()
+    assert any(0 < c < 20 for c in cuts), cuts  # pushed while a batch was half made
+    for step, r in enumerate(trained, start=1):
+        assert r.token_versions == sorted(r.token_versions) and r.version >= step - 2
+    assert any(len(set(r.token_versions)) > 1 for r in trained)  # a batch made with two versions

@@ -148,6 +148,33 @@ def test_eos_and_stop_tokens_are_included_with_their_logprobs(engine: EngineClie
     assert by_stop and all(stop_tok not in c.token_ids[:-1] for c in by_stop)
 
 
+def test_interrupt_returns_what_each_sample_has_generated(engine: EngineClient, prompts) -> None:
+    """Partial rollouts (yatt.engines.resume): an interrupted sample is the start of the uninterrupted one with
+    the same seed, tokens and log-probs; the engine is then free (nothing pending) and generates as before."""
+    spec = SamplingSpec(n=4, temperature=1.0, max_tokens=40)
+    seeds = [200 + 4 * i for i in range(len(prompts))]
+    whole = engine.generate(prompts, spec, seeds=seeds)
+    engine.submit([str(i) for i in range(len(prompts))], prompts, spec, seeds)
+    time.sleep(0.05)  # a few iterations in
+    engine.interrupt()
+    got: dict[str, list] = {}
+    while len(got) < len(prompts):
+        done, pending, _ = engine.poll(0.5)
+        got.update(done)
+        assert done or pending, "an interrupted request never came back"
+    assert engine.poll(0.05)[1] == 0
+    cut = 0
+    for i, w in enumerate(whole):
+        for c, full in zip(got[str(i)], w):
+            k = len(c.token_ids)
+            assert c.token_ids == full.token_ids[:k] and len(c.logprobs) == k
+            torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(full.logprobs[:k]), atol=1e-5, rtol=0)
+            assert c.finish_reason == ("interrupted" if k < len(full.token_ids) else full.finish_reason)
+            cut += c.finish_reason == "interrupted"
+    assert cut, "every sample finished before the interrupt; the test needs one cut"
+    assert engine.generate(prompts, spec, seeds=seeds) == whole
+
+
 def test_update_weights_switches_to_model_b(engine: EngineClient, hf, prompts) -> None:
     named = [(n, p.detach()) for n, p in hf["B"].named_parameters()]
     assert len(list(weight_buckets(named, CFG.weight_bucket_mb << 20))) > 1  # really bucketed

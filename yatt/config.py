@@ -89,7 +89,14 @@ class ScheduleConfig(Section):
         1,
         ge=0,
         description="async: step s trains on rollouts generated with the weights of step s - 1 - max_staleness "
-        "(0: sync's rollouts, exactly); in-flight generation finishes on the old weights before a push.",
+        "(0: sync's rollouts, exactly); the bound is on the weights a batch starts with.",
+    )
+    in_flight: Literal["finish", "resume"] = Field(
+        "finish",
+        description="one_step_off/async: what a weight push does to the requests in flight. finish: they finish "
+        "on the old weights before the push (a batch is one version; runs are reproducible). resume: they are "
+        "interrupted, the push happens, and they resume on the new weights with the tokens they have (partial "
+        "rollouts; each token's version is kept; thread timing decides where the cut falls).",
     )
 
 
@@ -485,6 +492,11 @@ class ExperimentConfig(Section):
                     f"rollout.schedule.mode={mode} decides which weights each batch is generated with; "
                     "rollout.sync_every must be 1"
                 )
+        elif self.rollout.schedule.in_flight == "resume":
+            raise ValueError(
+                "rollout.schedule.in_flight=resume: the sync schedule never pushes while requests are in flight; "
+                "use mode=one_step_off or async"
+            )
         if self.placement.mode == "partial" and not self.reward.judges:
             raise ValueError(
                 "placement.mode=partial splits devices between rollout and a generative reward "

@@ -70,6 +70,8 @@ def group_rollouts(
             list(c.logprobs),
             c.finish_reason,
             text=tokenizer.decode(c.token_ids, skip_special_tokens=True),
+            version=c.versions[0] if c.versions else -1,
+            token_versions=list(c.versions),
             vision=image,
         )
         for c in completions

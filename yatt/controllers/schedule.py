@@ -14,6 +14,12 @@ exactly: a checkpoint waits until the producer has made every batch that the sav
 feed (it then waits for the next push), and stores those batches. Every use of the engines (a generation
 round, a push, a health check, an evaluation) holds `engines`, so the two threads never share an engine
 connection.
+
+in_flight: resume (partial rollouts) gives up reproducibility for fresher tokens: a push does not wait for the
+batch in flight. The producer's rollout pool (yatt.engines.resume.ResumingPool) sees the push `pending`,
+interrupts its requests, lets go of the engines until the push is done (`pause`) and resumes each unfinished
+sample on the new weights with the tokens it has; each token keeps the version that sampled it
+(Rollout.token_versions) and the staleness bound applies to the version a batch starts with.
 """
 
 from __future__ import annotations
@@ -80,10 +86,14 @@ class SyncSchedule:
 class AheadSchedule:
     """one_step_off / async: a producer thread keeps up to `staleness` batches ahead of the trainer."""
 
-    def __init__(self, produce: Produce, version: int, staleness: int, last_step: int):
+    def __init__(self, produce: Produce, version: int, staleness: int, last_step: int, resume: bool = False):
         self.produce, self.staleness, self.last = produce, staleness, last_step
         self.start = self.version = version  # the step whose weights the engines hold
         self.engines = threading.RLock()
+        # in_flight: resume: a push does not wait for the batch in flight; the producer's rollout pool
+        # (yatt.engines.resume.ResumingPool) sees `pending`, interrupts its requests and `pause`s for the push
+        self.resume, self.pushing = resume, False
+        self.engines_free = threading.Condition(self.engines)
         self.changed = threading.Condition()
         self.ready: dict[int, tuple[Batch, dict[str, float]]] = {}  # step -> (batch, its stage seconds)
         self.next = version + 1  # the next batch the producer makes
@@ -146,14 +156,31 @@ class AheadSchedule:
         return batch
 
     def push(self, step: int, push: Callable[[], None]) -> None:
-        """Push step `step`'s weights once the batch that uses the weights before them is made."""
-        with self.changed:
-            self._wait(lambda: self.next > min(step + self.staleness, self.last))
-        with self.engines:
+        """Push step `step`'s weights: once the batch that uses the weights before them is made (finish), or
+        as soon as the producer has interrupted what it has in flight (resume)."""
+        if self.resume:
+            self.pushing = True
+        else:
+            with self.changed:
+                self._wait(lambda: self.next > min(step + self.staleness, self.last))
+        with self.engines:  # the producer lets go at the end of a batch, or in `pause`
             push()
-        with self.changed:
-            self.version = step
-            self.changed.notify_all()
+            with self.changed:
+                self.version = step
+                self.changed.notify_all()
+            self.pushing = False
+            self.engines_free.notify_all()
+
+    # the producer's side of a push in flight (yatt.engines.resume.Preemption)
+    def pending(self) -> bool:
+        return self.pushing
+
+    def pause(self) -> int:
+        """On the producer thread, which holds `engines`: let it go until the push is done (Condition.wait
+        releases the lock however deeply it is held); the version pushed."""
+        with self.engines_free:
+            self.engines_free.wait_for(lambda: not self.pushing)
+        return self.version
 
     def metrics(self, step: int, rollouts: list[Rollout]) -> tuple[dict[str, float], dict[str, float]]:
         """This rank's (to sum over ranks, to max over ranks): the staleness of what it trained (in steps), the
@@ -161,6 +188,7 @@ class AheadSchedule:
         lags = [step - 1 - r.version for r in rollouts] or [0]
         busy, self.producer_busy_s = self.producer_busy_s, 0.0
         sums = {"async/staleness_sum": float(sum(lags)), "async/samples": float(len(lags))}
+        sums["async/resumed_samples"] = float(sum(len(set(r.token_versions)) > 1 for r in rollouts))
         sums["async/dropped_stale_samples"] = float(self.dropped)
         peaks = {"async/staleness_max": float(max(lags)), "async/queue_depth": float(self.depth)}
         return sums, {**peaks, "async/wait_s": self.waited_s, "async/producer_busy_s": busy}
@@ -200,7 +228,8 @@ def rollout_schedule(cfg: ScheduleConfig, produce: Produce, version: int, last_s
     """The schedule `rollout.schedule` asks for; `version`: the step whose weights the engines start with."""
     if cfg.mode == "sync":
         return SyncSchedule(produce, version)
-    return AheadSchedule(produce, version, 1 if cfg.mode == "one_step_off" else cfg.max_staleness, last_step)
+    staleness = 1 if cfg.mode == "one_step_off" else cfg.max_staleness
+    return AheadSchedule(produce, version, staleness, last_step, resume=cfg.in_flight == "resume")
 
 
 def schedule_metrics(world: World, sums: dict[str, float], peaks: dict[str, float]) -> dict[str, float]:
@@ -209,5 +238,10 @@ def schedule_metrics(world: World, sums: dict[str, float], peaks: dict[str, floa
         return {}
     total = summed(world, sums)
     mean = total["async/staleness_sum"] / max(total["async/samples"], 1.0)
-    dropped = total["async/dropped_stale_samples"]
-    return {"async/staleness_mean": mean, "async/dropped_stale_samples": dropped, **maxed(world, peaks)}
+    dropped, resumed = total["async/dropped_stale_samples"], total["async/resumed_samples"]
+    return {
+        "async/staleness_mean": mean,
+        "async/dropped_stale_samples": dropped,
+        "async/resumed_samples": resumed,
+        **maxed(world, peaks),
+    }

@@ -94,6 +94,8 @@ class ControllerShard(ShardState):
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id)
         self.samples_trained = self.last_step = 0
         self.rollouts = rollout_schedule(cfg.rollout.schedule, self._batch, 0, cfg.run.steps)
+        if cfg.rollout.schedule.in_flight == "resume":  # requests in flight at a push resume on the new weights
+            self.engines.preemption = self.rollouts
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> dict[str, float]:

@@ -29,6 +29,9 @@ class Rollout:
     baseline: float = 0.0  # ReMax: the reward of the prompt's greedy response (0 unless the estimator asks)
     # the policy version that generated every token: the step whose weights the engine held (rollout.schedule)
     version: int = -1
+    # the version of each response token when its generation was resumed across pushes (rollout.schedule.in_flight:
+    # resume; `version` is then the first token's); empty: every token is `version`'s
+    token_versions: list[int] = field(default_factory=list)
     # an image prompt's loaded images (yatt.controllers.images.PromptImages; the group's samples share one), read
     # for this step and dropped with the rollout; prompt_ids are then the expanded ids
     vision: Any = None

@@ -39,14 +39,24 @@ class Completion:
 
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str  # "stop" (eos or a stop token, included in token_ids) | "length"
+    # "stop" (eos or a stop token, included in token_ids) | "length" | "interrupted" (`RolloutEngine.interrupt`
+    # ended it early: token_ids are what it had generated)
+    finish_reason: str
+    # the weights version each token was sampled with, when a pool resumed an interrupted sample on newer
+    # weights (yatt.engines.resume); engines leave it empty
+    versions: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Completion:
-        return cls(token_ids=list(d["token_ids"]), logprobs=list(d["logprobs"]), finish_reason=str(d["finish_reason"]))
+        return cls(
+            token_ids=list(d["token_ids"]),
+            logprobs=list(d["logprobs"]),
+            finish_reason=str(d["finish_reason"]),
+            versions=list(d.get("versions", [])),
+        )
 
 
 class RolloutEngine(Protocol):
@@ -84,6 +94,18 @@ class RolloutEngine(Protocol):
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop these requests (unknown or finished ids are ignored)."""
+        ...
+
+    def preempt(self, request_ids: list[str]) -> None:
+        """Called from any thread while `step` may be running: a `step` that runs many iterations (the hf
+        engine runs a batch to its end) ends these requests' samples at their next token, as "interrupted"
+        completions it returns. A backend whose `step` is one iteration does nothing."""
+        ...
+
+    def interrupt(self, request_ids: list[str]) -> list[tuple[str, list[Completion]]]:
+        """End these requests now (unknown or finished ids are ignored): each one's samples as generated so
+        far, finish_reason "interrupted" (a sample that already finished keeps its own), and forget them. For
+        a pool that resumes them on new weights (yatt.engines.resume)."""
         ...
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:

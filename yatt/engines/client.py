@@ -199,6 +199,10 @@ class EngineClient:
     def cancel(self) -> None:
         self._call("cancel", client=self.client_id)
 
+    def interrupt(self) -> None:
+        """End this client's pending requests early; `poll` returns them as generated so far ("interrupted")."""
+        self._call("interrupt", client=self.client_id)
+
     def generate(
         self,
         prompts: list[list[int]],

@@ -24,6 +24,7 @@ import os
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,9 @@ class HFEngine:
         self.eos_ids = sorted({*gen_eos, *_as_ids(self.eos_token_id)})
         self.pad_id = int(getattr(config, "pad_token_id", None) or (self.eos_ids or [0])[0])
         self._queue: OrderedDict[str, _Request] = OrderedDict()
+        # requests `preempt` asked to end early: replaced whole (never mutated), so another thread may set it
+        # while a batch decodes and the decode loop reads it each token
+        self._preempted: frozenset[str] = frozenset()
         self._rng = random.Random(seed)  # seeds of unseeded requests
         self.sleeping = False
         self.weight_updates = 0
@@ -146,6 +150,19 @@ class HFEngine:
         for rid in request_ids:
             self._queue.pop(rid, None)
 
+    def preempt(self, request_ids: list[str]) -> None:
+        self._preempted = self._preempted | set(request_ids)
+
+    def interrupt(self, request_ids: list[str]) -> list[tuple[str, list[Completion]]]:
+        """Queued requests come back with nothing generated (a running batch ends in `step`, see preempt)."""
+        self._preempted = self._preempted - set(request_ids)
+        out = []
+        for rid in request_ids:
+            req = self._queue.pop(rid, None)
+            if req is not None:
+                out.append((rid, [Completion([], [], "interrupted") for _ in range(req.sampling.n)]))
+        return out
+
     def step(self) -> list[tuple[str, list[Completion]]]:
         """Run the next batch of queued requests to completion; returns their groups."""
         if not self._queue:
@@ -167,14 +184,26 @@ class HFEngine:
         pixels = (
             None if head.pixels is None else {k: torch.cat([req.pixels[k] for _, req in batch]) for k in head.pixels}
         )
-        groups = self._run([req.prompt for _, req in batch], [req.seed for _, req in batch], head.sampling, pixels)
-        return [(rid, group) for (rid, _), group in zip(batch, groups)]
+        rids = [rid for rid, _ in batch]
+        preempted = lambda: [rid in self._preempted for rid in rids] if self._preempted else None  # noqa: E731
+        groups = self._run(
+            [req.prompt for _, req in batch], [req.seed for _, req in batch], head.sampling, pixels, preempted
+        )
+        self._preempted = self._preempted - set(rids)
+        return list(zip(rids, groups))
 
     # ---- the decode loop -----------------------------------------------------------------------
     @torch.no_grad()
     def _run(
-        self, prompts: list[list[int]], seeds: list[int], sp: SamplingSpec, pixels: Pixels | None = None
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        sp: SamplingSpec,
+        pixels: Pixels | None = None,
+        preempted: Callable[[], list[bool] | None] = lambda: None,
     ) -> list[list[Completion]]:
+        """Decode a batch to its end. `preempted()`: per prompt, whether its samples must end now (None: none);
+        checked before each token, such samples end "interrupted" with the tokens they have."""
         dev, n, T = self.device, sp.n, sp.max_tokens
         from transformers import DynamicCache
 
@@ -212,8 +241,18 @@ class HFEngine:
         logps = torch.zeros((B, T), dtype=torch.float32, device=dev)
         length = torch.full((B,), T, dtype=torch.long, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
+        cut = torch.zeros(B, dtype=torch.bool, device=dev)  # preempted: "interrupted"
         rows = torch.arange(B, device=dev)  # original row of each live batch row
         for t in range(T):
+            if (which := preempted()) is not None:
+                ended = torch.tensor(which, device=dev).repeat_interleave(n)[rows]
+                if ended.any():
+                    length[rows[ended]], cut[rows[ended]] = t, True
+                    live = (~ended).nonzero()[:, 0]
+                    if live.numel() == 0:
+                        break
+                    rows, logits, mask, pos = rows[live], logits[live], mask[live], pos[live]
+                    cache.batch_select_indices(live)
             tok = self._pick(logits, sp, uniforms[rows, t] if sp.temperature > 0 else None)
             tokens[rows, t] = tok
             if sp.logprobs:
@@ -238,11 +277,10 @@ class HFEngine:
             )
             logits, pos = out.logits[:, -1].float(), pos + 1
         del cache
-        tokens, logps, length, stopped = tokens.tolist(), logps.tolist(), length.tolist(), stopped.tolist()
+        tokens, logps, length = tokens.tolist(), logps.tolist(), length.tolist()
+        reasons = ["interrupted" if c else "stop" if s else "length" for c, s in zip(cut.tolist(), stopped.tolist())]
         done = [
-            Completion(
-                tokens[r][: length[r]], logps[r][: length[r]] if sp.logprobs else [], "stop" if stopped[r] else "length"
-            )
+            Completion(tokens[r][: length[r]], logps[r][: length[r]] if sp.logprobs else [], reasons[r])
             for r in range(B)
         ]
         return [done[i * n : (i + 1) * n] for i in range(len(prompts))]

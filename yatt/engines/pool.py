@@ -99,6 +99,14 @@ class EnginePool:
                 out.append((key, completions))
         return out
 
+    def interrupt(self) -> None:
+        """End every request in flight early: each comes back from `poll` as generated so far ("interrupted")."""
+        for name in [n for n in self.engines if self.pending[n]]:
+            try:
+                self.engines[name].interrupt()
+            except EngineDied:
+                self._replace(name)  # its requests go again, whole, to a live engine
+
     def drain(
         self, on_result: Callable[[str, list[Completion]], None] | None = None, timeout_s: float | None = None
     ) -> dict[str, list[Completion]]:

@@ -41,7 +41,9 @@ class EngineService:
     (vLLM is not thread-safe); the RPC thread hands it commands and waits for their results.
     """
 
-    RPC_METHODS = frozenset({"submit", "poll", "cancel", "update_weights", "sleep", "wake", "health", "shutdown"})
+    RPC_METHODS = frozenset(
+        {"submit", "poll", "cancel", "interrupt", "update_weights", "sleep", "wake", "health", "shutdown"}
+    )
 
     def __init__(self, engine: RolloutEngine) -> None:
         self.engine = engine
@@ -150,6 +152,18 @@ class EngineService:
         if rids:
             self._on_loop(lambda: self.engine.abort(rids))
         return {"cancelled": len(rids)}
+
+    def interrupt(self, client: str) -> dict[str, int]:
+        """End a client's pending requests early: each comes back from `poll` as generated so far (finish_reason
+        "interrupted"; RolloutEngine.interrupt), e.g. so that its samples resume on new weights."""
+        with self._done:
+            rids = [rid for rid, (c, _) in self._owner.items() if c == client]
+        self.engine.preempt(rids)  # a running multi-iteration step ends them at their next token
+        partial = self._on_loop(lambda: self.engine.interrupt(rids))  # after that step
+        with self._done:  # a request the step finished meanwhile was delivered (and is no longer owned)
+            partial = [(rid, comps) for rid, comps in partial if rid in self._owner]
+        self._deliver(partial)
+        return {"interrupted": len(rids)}
 
     def load(self) -> int:
         """Requests in flight on this engine (all clients): what least-loaded routing compares."""

@@ -168,6 +168,32 @@ class VLLMEngine:
         for rid in request_ids:
             self._want_logprobs.pop(rid, None)
 
+    def preempt(self, request_ids: list[str]) -> None:
+        pass  # a step is one iteration: `interrupt` runs right after it
+
+    def interrupt(self, request_ids: list[str]) -> list[tuple[str, list[Completion]]]:
+        """Each request's samples so far, read from vLLM's per-request output state (the tokens and
+        log-probs it accumulates for the final output), then the requests are aborted."""
+        processor, out = self.llm.llm_engine.output_processor, []
+        for rid in request_ids:
+            states = [processor.request_states.get(i) for i in processor.external_req_ids.get(rid, [])]
+            states = [st for st in states if st is not None]
+            if not states:
+                continue
+            want = self._want_logprobs.get(rid, True)
+            n = states[0].parent_req.n if states[0].parent_req is not None else 1
+            # samples that finished before the others wait in the parent's aggregator; the rest are running
+            finished = states[0].parent_req.output_aggregator if states[0].parent_req is not None else []
+            samples = [self._completion(o, want) if o is not None else None for o in finished] or [None] * n
+            for st in states:
+                tokens = [int(t) for t in st.detokenizer.output_token_ids]
+                logprobs = st.logprobs_processor.logprobs or []
+                lps = [float(pos[tok].logprob) for tok, pos in zip(tokens, logprobs)] if want else []
+                samples[st.request_index] = Completion(tokens, lps, "interrupted")
+            out.append((rid, [c if c is not None else Completion([], [], "interrupted") for c in samples]))
+        self.abort([rid for rid, _ in out])
+        return out
+
     def num_unfinished(self) -> int:
         return self.llm.llm_engine.get_num_unfinished_requests()
 

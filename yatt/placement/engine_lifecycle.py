@@ -21,6 +21,7 @@ from yatt.distributed import World
 from yatt.engines.client import EngineClient, EngineDied, connect_engine, spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
+from yatt.engines.resume import Preemption, ResumingPool
 from yatt.genrm.judge import judge_engine
 from yatt.placement.ownership import HookRole
 from yatt.tensors import NamedTensors
@@ -58,6 +59,7 @@ class EngineServices:
         with; None (no trainer, e.g. a test of the engines alone): a restarted engine serves model.path."""
         self.cfg, self.world, self.run_dir, self.spawn = cfg, world, run_dir, spawn
         self.policy_weights = policy_weights
+        self.preemption: Preemption | None = None  # set by a schedule that pushes while rollouts are in flight
         self.run_secret = run_secret(world, run_dir)
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
         self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
@@ -217,9 +219,10 @@ class EngineServices:
             )
         return self._remote[key]
 
-    def pool(self, kind: str, ranks: tuple[int, ...] | list[int]) -> EnginePool:
+    def pool(self, kind: str, ranks: tuple[int, ...] | list[int]) -> EnginePool | ResumingPool:
         """A pool over the `kind` engines (ROLLOUT or a judge role) on `ranks`; if all of them die mid-step,
-        this rank's own engine (restarted if dead) takes over."""
+        this rank's own engine (restarted if dead) takes over. With a `preemption` (rollout.schedule.in_flight:
+        resume), rollout requests in flight at a weight push are resumed on the new weights."""
         roles = self.rollout_roles if kind == ROLLOUT else [kind]
 
         def respawn(_: str) -> EngineClient:
@@ -230,7 +233,8 @@ class EngineServices:
             self._count_restart()
             return self._start(kind)
 
-        return EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks for role in roles}, respawn=respawn)
+        pool = EnginePool({f"{role}@{r}": self.client(role, r) for r in ranks for role in roles}, respawn=respawn)
+        return ResumingPool(pool, self.preemption) if kind == ROLLOUT and self.preemption is not None else pool
 
     def busy_seconds(self) -> dict[str, float]:
         """Seconds each local engine has spent stepping since it started (all rollout engines as one)."""
