@@ -1,6 +1,6 @@
 """Rollout schedules side by side on the quickstart task: sync, one_step_off, async with max_staleness 1, 2, 4.
 
-    OMP_NUM_THREADS=1 python benchmarks/async.py [--steps 150] [--nproc 1] [--schedules NAME ...]
+    OMP_NUM_THREADS=1 python benchmarks/async.py [--steps 150 | --as-configured] [--nproc 1] [--schedules NAME ...]
         [--config configs/quickstart.yaml] [--out benchmarks/results/async] [OVERRIDE ...]
 
 OVERRIDEs (`a.b=c`) go to every run, e.g. `rollout.engine.backend=vllm rollout.engine.vllm.kv_cache_gib=1`.
@@ -17,6 +17,9 @@ stepping time, load/rollout_busy_s, over the step's wall time), held-out accurac
 trained for every schedule), and the staleness of what was trained (mean, max) with the samples dropped as
 older than max_staleness (only groups dynamic sampling carries over can be; it is off here). async with
 max_staleness 1 is one_step_off by construction (docs/async.md): the same run, timed again.
+
+--as-configured runs the config as it is (its steps, evaluations and dynamic sampling: the quickstart itself)
+and adds nothing but the schedule, to compare whole runs' wall time and final accuracy.
 
 Writes <out>.json, <out>.md (samples/s ratios to sync) and <out>.png (held-out accuracy against samples trained,
 and samples/s per schedule).
@@ -69,13 +72,19 @@ def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
         "full",
         "--resume",
         "none",
-        f"run.steps={args.steps}",
-        f"run.eval_every={max(1, args.steps // 3)}",
+        *(
+            []
+            if args.as_configured
+            else [
+                f"run.steps={args.steps}",
+                f"run.eval_every={max(1, args.steps // 3)}",
+                "algorithm.dynamic_sampling.enabled=false",
+            ]
+        ),
         "checkpoint.every=0",
         "run.export_policy=false",
         f"run.output_dir={work}",
         f"run.name={run_name}",
-        "algorithm.dynamic_sampling.enabled=false",
         *SCHEDULES[name],
         *args.overrides,
     ]
@@ -118,6 +127,12 @@ def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument(
+        "--as-configured",
+        action="store_true",
+        help="run the config's own steps, evaluations and dynamic sampling (e.g. the whole quickstart) and "
+        "compare the runs' wall time, instead of --steps at equal samples",
+    )
     parser.add_argument("--nproc", type=int, default=1, help="trainer ranks (each with its engine)")
     parser.add_argument("--config", type=Path, default=REPO / "configs/quickstart.yaml")
     parser.add_argument("--schedules", nargs="*", choices=list(SCHEDULES), default=list(SCHEDULES))
@@ -142,7 +157,7 @@ def main() -> int:
     command = " ".join(["python benchmarks/async.py", *(shown(a) if a.startswith("/") else a for a in sys.argv[1:])])
     md = [
         f"# Rollout schedules: {shown(args.config)} {' '.join(args.overrides)}, {args.nproc} trainer rank(s) + "
-        f"engine(s), {args.steps} steps\n",
+        f"engine(s), {'the config’s steps' if args.as_configured else f'{args.steps} steps'}\n",
         f"{time.strftime('%Y-%m-%d')}, commit {commit.strip() or 'unknown'}: `OMP_NUM_THREADS=1 {command}`\n",
         table(
             rows,
@@ -155,13 +170,18 @@ def main() -> int:
                 ("staleness_max", "staleness max"),
                 ("dropped_stale", "dropped stale samples"),
                 ("accuracy_end", "held-out acc (end)"),
+                ("wall_s", "run wall s"),
             ],
             ["samples_per_s"],
         ),
         "",
-        "Held-out accuracy at equal samples trained:",
+        "Held-out accuracy at equal steps:" if args.as_configured else "Held-out accuracy at equal samples trained:",
         "",
-        "| schedule | " + " | ".join(f"{e['samples']:.0f} samples" for e in rows[0]["evals"]) + " |",
+        "| schedule | "
+        + " | ".join(
+            f"step {e['step']}" if args.as_configured else f"{e['samples']:.0f} samples" for e in rows[0]["evals"]
+        )
+        + " |",
         "|---|" + "---|" * len(rows[0]["evals"]),
         *(f"| {r['variant']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
         "",
