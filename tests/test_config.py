@@ -115,6 +115,8 @@ def test_impossible_combinations(tmp_path, model_dir):
         load_experiment(path, ["rollout.schedule.mode=one_step_off", "rollout.sync_every=2"])
     with pytest.raises(ConfigError, match="in_flight=resume: the sync schedule never pushes while requests"):
         load_experiment(path, ["rollout.schedule.in_flight=resume"])
+    with pytest.raises(ConfigError, match=r"rollout.engine.cores=\[4096\]: this machine lets the run use cores"):
+        check_run(load_experiment(path, ["rollout.engine.cores=[4096]"]), 2, str(path))
 
 
 def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):

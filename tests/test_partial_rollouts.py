@@ -10,6 +10,7 @@ the version of the weights that sampled it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -155,6 +156,16 @@ def test_resuming_pool_interrupts_pushes_and_resumes_on_the_new_weights(folders,
             mixed += 0 < k
     assert any(1 in c.versions for g in done.values() for c in g)  # the queued requests ran on B
     assert mixed  # the request decoding at the push was cut and resumed
+
+
+def test_an_engine_process_is_pinned_to_its_cores(folders, tmp_path) -> None:
+    """rollout.engine.cores: the engine keeps to its own cores (apart from the trainer's, for an ahead schedule)."""
+    core = max(os.sched_getaffinity(0))
+    client = spawn_engine(folders["A"], CFG.model_copy(update={"cores": [core]}), seed=0, log_path=tmp_path / "e.log")
+    try:
+        assert os.sched_getaffinity(client.pid) == {core}
+    finally:
+        client.close()
 
 
 def test_service_interrupt_returns_what_each_sample_has(folders, engines, prompts, tmp_path) -> None:

@@ -447,6 +447,13 @@ class RunConfig(Section):
     eval_every: int = Field(10, ge=0, description="Held-out eval every N steps (0: start and end only).")
     seed: int = 0
     threads: int = Field(1, gt=0, description="Compute threads per process (1 on small CPU boxes).")
+    cores: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        min_length=1,
+        description="CPU cores the rank processes (controller and trainer) are pinned to (sched_setaffinity), "
+        "e.g. apart from the engines' (rollout.engine.cores) so that rollouts ahead of the trainer overlap with "
+        "it (docs/async.md); null: the OS schedules them.",
+    )
     export_policy: bool = Field(True, description="Write the final policy as an HF folder in the run dir.")
     tensorboard: bool | None = Field(
         None,

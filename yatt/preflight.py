@@ -9,11 +9,25 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import tempfile
 from pathlib import Path
 
 from yatt.config import ExperimentConfig
 from yatt.config_loading import ConfigError
+
+
+def check_cores(cfg: ExperimentConfig, source: str) -> None:
+    """Cores a process is pinned to must be ones this machine lets the run use."""
+    usable = os.sched_getaffinity(0)
+    pinned = {
+        "run.cores": cfg.run.cores,
+        "rollout.engine.cores": cfg.rollout.engine.cores,
+        **{f"reward.judges[{j.name}].engine.cores": j.engine.cores for j in cfg.reward.judges},
+    }
+    for field, cores in pinned.items():
+        if cores and not set(cores) <= usable:
+            raise ConfigError(f"{source}: {field}={cores}: this machine lets the run use cores {sorted(usable)}")
 
 
 def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
@@ -32,6 +46,7 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
             f"{source}: rollout.schedule.mode={cfg.rollout.schedule.mode} on GPUs needs rollout devices apart "
             "from the trainer's, which is not implemented yet (on CPU the engines run on cores of their own)"
         )
+    check_cores(cfg, source)
     tp, pp = cfg.trainer.model_parallel
     data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
     per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)

@@ -94,6 +94,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     """resume: none | auto | PATH (see yatt.checkpoint.resume); overwrite: let `none` start over a run that has
     checkpoints (see the module docstring for what is checked when)."""
     torch.set_num_threads(cfg.run.threads)
+    if cfg.run.cores:  # the engines this rank spawns set their own (rollout.engine.cores)
+        os.sched_setaffinity(0, cfg.run.cores)
     run_dir = cfg.run.run_dir
     wall_start = time.perf_counter()
     # 1. the inputs, reading only. The data first, so a bad row is reported as itself whatever the resume mode,

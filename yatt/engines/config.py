@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -39,6 +39,12 @@ class EngineConfig(BackendChoice):
     )
     max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together in one engine step.")
     threads: int = Field(1, gt=0, description="OMP/torch threads of the engine process (OMP_NUM_THREADS).")
+    cores: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        min_length=1,
+        description="CPU cores the engine process is pinned to (sched_setaffinity), e.g. apart from the "
+        "trainer's (run.cores); null: the OS schedules it.",
+    )
     startup_timeout_s: float = Field(600.0, gt=0, description="Give up if the engine is not serving after this long.")
     request_timeout_s: float = Field(600.0, gt=0, description="Default timeout of one RPC (e.g. one generate call).")
     weight_bucket_mb: int = Field(

@@ -260,8 +260,10 @@ def main() -> int:
     if spec.get("parent_pid"):
         watch_parent(int(spec["parent_pid"]))
     log.info("engine server pid=%d spec=%s", os.getpid(), {k: v for k, v in spec.items()})
-    service = EngineService(build_engine(spec))
     cfg = EngineConfig(**spec.get("engine", {}))
+    if cfg.cores:  # before the backend starts its threads, which inherit the mask
+        os.sched_setaffinity(0, cfg.cores)
+    service = EngineService(build_engine(spec))
     server = RpcServer(
         service,
         secret,
