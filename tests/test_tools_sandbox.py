@@ -225,3 +225,15 @@ def test_the_plan_is_what_this_machine_allows():
         assert how.network == "namespace"
     if os.geteuid() == 0:
         assert how.uid is not None and how.uid != 0  # RLIMIT_NPROC binds only a non-root user
+
+
+def test_concurrent_calls_do_not_mix(cfg):
+    """Many conversations call tools at once (one thread each): every call gets its own output and error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    codes = [f"print({i} * 2)" for i in range(6)] + ["import time\ntime.sleep(30)"]
+    with ThreadPoolExecutor(len(codes)) as pool:
+        results = list(pool.map(lambda code: run_code(code, cfg.model_copy(update={"timeout_s": 2})).result, codes))
+    assert [r.output for r in results[:6]] == [str(2 * i) for i in range(6)]
+    assert results[6].error == "python: killed after 2 s wall clock"
+    assert os.listdir(cfg.workdir_root) == []
