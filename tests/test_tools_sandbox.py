@@ -84,6 +84,8 @@ def test_a_fork_bomb_is_refused(cfg):
     for code in (
         "import os\nwhile True:\n    os.fork()",
         "import subprocess\nsubprocess.run(['ls'])",
+        "import importlib\nimportlib.import_module('_posixsubprocess').fork_exec(*range(23))",
+        "import os\nos.posix_spawn('/bin/sh', ['sh'], {})",
         "import os\nos.system('ls')",
     ):
         assert run(code, cfg).result.error == "python: starting processes is not allowed"
@@ -201,6 +203,11 @@ def test_other_escapes_are_refused(cfg, monkeypatch):
         "python: changing resource limits is not allowed"
     )
     assert run("import gc\ngc.get_objects()", cfg).result.error == "python: gc.get_objects is not allowed"
+    sqlite = "import sqlite3\nsqlite3.connect({!r}).execute('create table t (x)')"
+    assert run(sqlite.format("/tmp/x.db"), cfg).result.error == "python: opening '/tmp/x.db' is not allowed"
+    assert run(sqlite.format("file:/etc/x?mode=ro"), cfg).result.error == "python: an sqlite URI is not allowed"
+    assert run(sqlite.format(":memory:"), cfg).result.ok and run(sqlite.format("in.db"), cfg).result.ok
+    assert run("import dbm\ndbm.open('x', 'c')", cfg).result.error == "python: the dbm module is not allowed"
     still_works(cfg)
 
 

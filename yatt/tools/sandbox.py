@@ -22,8 +22,8 @@ Protections and what enforces each (the kernel where this machine allows it; the
 - reads outside the directory and the standard library: the hook only (a user's file permissions still apply).
 
 Not covered: total disk use (many files, each under file_mb, until the wall clock), and native code that skips
-the hook (e.g. `_posixsubprocess.fork_exec` called directly): there the rlimits and the namespace are all there
-is. Linux only (waitid, unshare, RLIMIT_NPROC).
+the hook (e.g. a fresh instance of a C module built through importlib's internals): there the rlimits, the user
+and the namespace are all there is. Linux only (waitid, unshare, RLIMIT_NPROC).
 """
 
 from __future__ import annotations

@@ -6,9 +6,10 @@ maybe not yatt's). In order, it:
 1. reads the code file and deletes it, so the working directory starts empty;
 2. lowers the resource limits (RLIMIT_CPU, AS, NPROC, FSIZE, NOFILE, CORE) to the configured values, soft and
    hard, so the code cannot raise them again;
-3. installs an audit hook (PEP 578) that refuses sockets, process creation, signals to other processes, ctypes,
-   rlimit changes, object-graph walking (gc), reads outside the working directory and the standard library, and
-   every write outside the working directory;
+3. replaces the C functions that fork or open files without an audit event (`_posixsubprocess.fork_exec`,
+   the dbm modules' `open`) and installs an audit hook (PEP 578) that refuses sockets, process creation, signals
+   to other processes, ctypes, rlimit changes, object-graph walking (gc), reads outside the working directory
+   and the standard library, and every write outside the working directory (sqlite files included);
 4. runs the code as ``__main__``, printing the value of a last bare expression as a notebook cell would.
 
 The audit hook is what turns a refused action into a clear one-line error; it is not a security boundary on
@@ -55,9 +56,26 @@ def main() -> None:
     _set_limits(limits)
     workdir = os.path.realpath(os.getcwd())
     stdlib = os.path.dirname(os.path.realpath(os.__file__))
+    # C functions that fork or open files without an audit event: replaced in the modules the code will import
+    if not limits["allow_processes"]:
+        _disable("_posixsubprocess", "fork_exec", "starting processes")
+    _disable("_gdbm", "open", "the dbm module")
+    _disable("_dbm", "open", "the dbm module")
     sys.addaudithook(_hook(workdir, stdlib, bool(limits["allow_processes"])))
     builtins.exit = builtins.quit = sys.exit  # -S leaves these undefined; models call them
     sys.exit(_run(source, limits["memory_mb"]))
+
+
+def _disable(module: str, attribute: str, what: str) -> None:
+    try:
+        loaded = __import__(module)
+    except ImportError:  # not built into this interpreter
+        return
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise SandboxRefused(f"python: {what} is not allowed")
+
+    setattr(loaded, attribute, refused)
 
 
 def _set_limits(limits: dict) -> None:
@@ -117,6 +135,12 @@ def _hook(workdir: str, stdlib: str, allow_processes: bool):  # type: ignore[no-
             refuse("changing resource limits")
         elif event.startswith("gc.get_") or event == "sys._current_frames":
             refuse(event)
+        elif event == "sqlite3.connect":  # sqlite opens its file in C, unaudited
+            database = fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else ""
+            if database.startswith("file:"):
+                refuse("an sqlite URI")
+            if database not in ("", ":memory:"):
+                check_path(database, writable, "opening")
         elif event in ("os.listdir", "os.scandir"):
             check_path(args[0] if args[0] is not None else ".", readable, "listing")
         elif event in _MUTATIONS:
