@@ -70,7 +70,9 @@ class Trajectory:
     # why it ended, for metrics: "no_tool_call", "turn_length", "token_cap", "max_turns"
     ended_by: str = "no_tool_call"
     num_turns: int = 0  # model turns (generate calls)
-    tool_calls: int = 0  # well-formed calls made (including calls to unknown tools and calls that failed)
+    # well-formed calls the model wrote (unknown tools and failed calls included); all were run except those of a
+    # last turn cut by max_turns
+    tool_calls: int = 0
     malformed_tool_calls: int = 0  # <tool_call> blocks that did not parse (not executed; the model reads why)
     tool_errors: int = 0  # well-formed calls whose result had an error
     text: str = ""  # the whole response decoded without special tokens (tool responses included)
