@@ -11,7 +11,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "yatt"
 
-LOWER = ("algorithms", "balance", "checkpoint", "data", "engines", "transport", "models", "rewards")
+LOWER = ("algorithms", "balance", "checkpoint", "data", "engines", "transport", "models", "rewards", "agents", "tools")
 HIGHER = ("controllers", "trainers", "placement", "genrm", "quickstart")
 # package -> what it must not import (a rule from docs/architecture.md, with its reason)
 RULES = {
@@ -19,6 +19,7 @@ RULES = {
     "tensors": (LOWER + HIGHER + ("config",), "the shared types import no other yatt module"),
     "distributed": (LOWER + HIGHER + ("config",), "the process-group wrapper imports no other yatt module"),
     "registry": (LOWER + HIGHER + ("config",), "the registry imports no other yatt module"),
+    "tools": (HIGHER + ("agents", "engines"), "a tool knows no agent loop, engine, controller or trainer"),
     "trainers": (("controllers", "placement", "genrm", "engines"), "a trainer knows no controller and no engine"),
     "genrm": (("controllers", "placement", "trainers"), "judging knows no controller, placement or trainer"),
     "placement": (("controllers", "trainers"), "placement drives engines and roles, not the controller"),

@@ -15,7 +15,8 @@ Every registry, with the config key that selects from it (docs/extending.md): tr
 rollout.engine.backend (ENGINES), algorithm.advantage.kind (ADVANTAGES), algorithm.policy_loss.kind
 (POLICY_LOSSES), algorithm.kl_estimator (KL_ESTIMATORS), algorithm.loss_agg (LOSS_AGGREGATIONS),
 balance.partitioner (PARTITIONERS), a row's data_source (yatt.rewards.rules.RULES; reward.verifiers adds to it),
-data.<split>.kind (yatt.data.sources.FILE_READERS).
+data.<split>.kind (yatt.data.sources.FILE_READERS), rollout.agent.kind (yatt.agents.AGENT_LOOPS),
+rollout.agent.tools.<name>.kind (yatt.tools.TOOLS).
 """
 
 from __future__ import annotations

@@ -1,0 +1,111 @@
+"""What an agent loop is: the callables it drives (`Generate`, `Codec`), what it returns (`Trajectory`), and its
+signature (`AgentLoop`), stated once.
+
+Token in, token out: a loop receives the prompt as ids and builds the response by appending ids, the model's as
+the engine sampled them and the environment's (tool responses) tokenized alone. The history is never decoded
+and re-encoded, because that can change the ids (a different split of the same text), and then the trainer
+would score tokens the engine never sampled and the PPO ratio would be wrong.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from yatt.tools.base import Tool
+
+
+class Generate(Protocol):
+    """One model turn: continue `prompt_ids` (the whole history so far) by at most `max_tokens` tokens.
+
+    Returns (token ids, their log-probs under the sampling distribution, one per id, "stop" | "length"), as
+    `yatt.engines.base.Completion` has them; the stop token, when one ended the turn, is the last id. The same
+    seed gives the same turn. Called from the loop's thread; a driver running many loops at once in threads
+    must make it thread-safe."""
+
+    def __call__(self, prompt_ids: list[int], max_tokens: int, seed: int) -> tuple[list[int], list[float], str]: ...
+
+
+class Codec(Protocol):
+    """The tokenizer as a loop uses it: text the environment adds becomes ids alone (no BOS or other tokens
+    added), and a model turn's ids become text to parse."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str: ...
+
+
+class TokenizerCodec:
+    """A Hugging Face tokenizer as a `Codec`. Special tokens written in the text (``<|im_start|>``) become their
+    ids, as the chat template's own tokenization does."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+@dataclass
+class Trajectory:
+    """One conversation, ready to become a rollout.
+
+    `response_ids` is every id after the prompt, model turns and environment turns in order; `response_mask[i]`
+    is 1 where the model sampled `response_ids[i]` (trained on) and 0 where the environment added it (tool
+    responses, turn headers: in the context, never in the loss); `rollout_logprobs[i]` is the engine's log-prob
+    of a model token and 0.0 at masked positions. The three lists have one entry per response id.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    rollout_logprobs: list[float] = field(default_factory=list)
+    # "stop": the model finished (a turn without a tool call); "length": cut short (a turn's max_tokens, the token
+    # cap, or max_turns while still calling tools) — the values Rollout.finish_reason already takes
+    finish_reason: str = "stop"
+    # why it ended, for metrics: "no_tool_call", "turn_length", "token_cap", "max_turns"
+    ended_by: str = "no_tool_call"
+    num_turns: int = 0  # model turns (generate calls)
+    # well-formed calls the model wrote (unknown tools and failed calls included); all were run except those of a
+    # last turn cut by max_turns
+    tool_calls: int = 0
+    malformed_tool_calls: int = 0  # <tool_call> blocks that did not parse (not executed; the model reads why)
+    tool_errors: int = 0  # well-formed calls whose result had an error
+    text: str = ""  # the whole response decoded without special tokens (tool responses included)
+    final_text: str = ""  # the last model turn decoded without special tokens: what a verifier usually scores
+
+    def append(self, ids: list[int], logprobs: list[float] | None) -> None:
+        """Add a model turn (`logprobs` given, mask 1) or environment tokens (None: mask 0, log-prob 0.0)."""
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"a model turn of {len(ids)} ids came with {len(logprobs)} log-probs")
+        self.response_ids += ids
+        self.response_mask += [1 if logprobs is not None else 0] * len(ids)
+        self.rollout_logprobs += list(logprobs) if logprobs is not None else [0.0] * len(ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+class AgentLoop(Protocol):
+    """A conversation policy between the model and its environment. An `AGENT_LOOPS` entry is a class built once
+    per run as ``Loop(cfg, tools, codec)`` (`cfg`: the `rollout.agent` section, `yatt.agents.config.AgentConfig`;
+    `tools`: name -> built tool, `yatt.tools.toolbox.build_tools`), then `run` once per sample, possibly from
+    several threads at once (keep per-conversation state in `run`)."""
+
+    def __init__(self, cfg: Any, tools: dict[str, Tool], codec: Codec) -> None: ...
+
+    def run(self, prompt_ids: list[int], generate: Generate, max_new_tokens: int, seed: int) -> Trajectory:
+        """One trajectory from the prompt's ids. `max_new_tokens` bounds each model turn (rollout.max_new_tokens);
+        `seed` the sample's seed, the first turn's (`turn_seed` for the others)."""
+        ...
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The seed of a conversation's turn: the sample's own for the first turn (so single_turn samples exactly what
+    a plain generate call would), then a hash of (seed, turn) so no two turns or samples share a stream."""
+    return seed if turn == 0 else zlib.crc32(f"{seed}:{turn}".encode()) & 0x7FFFFFFF
