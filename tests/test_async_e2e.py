@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e import ONE_TOKEN_GRPO, experiment, process_tree
+from e2e import JUDGE_TINY, ONE_TOKEN_GRPO, experiment, genrm_reward, process_tree
 from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import finish, launch
 
@@ -138,3 +138,35 @@ run: {{name: r, steps: {STEPS}, eval_every: {STEPS}}}
         assert r["async/staleness_max"] <= 1
     resumed = [r["async/resumed_samples"] for r in steps.values()]
     assert sum(resumed) > 0, resumed
+
+
+def test_partial_placement_with_genrm_ahead_of_the_trainer(tmp_path):
+    """placement.mode=partial with a GenRM judge and rollouts made ahead: the producers of both ranks share each
+    other's engines (rank 0 rolls out, rank 1 judges, streamed), over a process group of their own. async with
+    max_staleness 0 is the sync run exactly, and one_step_off trains on rollouts one version old."""
+    path = experiment(
+        tmp_path,
+        f"""
+rollout: {{group_size: 8, max_new_tokens: 2, engine: {{backend: hf}}}}
+{genrm_reward(tmp_path, "{backend: hf}")}trainer: {{lr: 0.01, micro_batch_size: 32}}
+algorithm: {{mini_batches: 2}}
+run: {{name: r, steps: 4, eval_every: 2}}
+""",
+        model=JUDGE_TINY,
+        name="partial.yaml",
+    )
+    sync = run(tmp_path, "sync", path, "--placement", "partial")
+    ahead = run(
+        tmp_path,
+        "k0",
+        path,
+        "--placement",
+        "partial",
+        "rollout.schedule.mode=async",
+        "rollout.schedule.max_staleness=0",
+    )
+    assert_same_run(sync, ahead)
+    stale = run(tmp_path, "osf", path, "--placement", "partial", "rollout.schedule.mode=one_step_off")
+    steps = [r for r in records(stale) if r["step"] > 0]
+    assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["genrm/judged"] > 0 for r in steps)

@@ -40,18 +40,22 @@ def test_choose_respects_bounds():
 def test_schedule_follows_measured_load():
     sched = GenerationSchedule(PlacementConfig(mode="partial", load_smoothing=0.0), 8)
     assert sched.split.rollout == (0, 1, 2, 3)
-    sched.observe(rollout_work_s=7.0, genrm_work_s=1.0)
+    sched.observe(rollout_work_s=7.0, genrm_work_s=1.0, step=1)
     assert len(sched.split.rollout) == 7
-    sched.observe(rollout_work_s=1.0, genrm_work_s=7.0)
+    sched.observe(rollout_work_s=1.0, genrm_work_s=7.0, step=2)
     assert len(sched.split.rollout) == 1
+    # a batch uses the split picked after the last step all ranks had finished when it started (made ahead of
+    # the trainer: an older one), the first split before any
+    assert len(sched.split_for(2).rollout) == 1 and len(sched.split_for(1).rollout) == 7
+    assert sched.split_for(0).rollout == (0, 1, 2, 3)
 
 
 def test_schedule_static_and_full():
     static = GenerationSchedule(PlacementConfig(mode="partial", dynamic=False, rollout_devices=3), 4)
-    static.observe(0.0, 100.0)
+    static.observe(0.0, 100.0, step=1)
     assert static.split.rollout == (0, 1, 2)
     full = GenerationSchedule(PlacementConfig(mode="full"), 4)
-    full.observe(1.0, 1.0)
+    full.observe(1.0, 1.0, step=1)
     assert full.split is None
 
 

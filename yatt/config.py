@@ -492,8 +492,11 @@ class ExperimentConfig(Section):
     def _check_combinations(self) -> ExperimentConfig:
         if self.rollout.schedule.mode != "sync":
             mode = self.rollout.schedule.mode
-            if self.placement.mode == "partial":
-                raise ValueError(f"rollout.schedule.mode={mode} with placement.mode=partial is not implemented yet")
+            if self.placement.mode == "partial" and self.rollout.schedule.in_flight == "resume":
+                raise ValueError(
+                    "rollout.schedule.in_flight=resume with placement.mode=partial is not implemented yet: a push "
+                    "would interrupt this rank's requests while other ranks' engines, with other weights, serve them"
+                )
             if self.rollout.sync_every != 1:
                 raise ValueError(
                     f"rollout.schedule.mode={mode} decides which weights each batch is generated with; "

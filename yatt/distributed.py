@@ -250,6 +250,14 @@ def data_parallel_world(world: World, tensor_parallel: int, pipeline_parallel: i
     return World(members.index(world.rank), dp, world.local_rank, world.device, group, members)
 
 
+def own_group(world: World) -> World:
+    """`world`'s ranks over a process group of their own, for a thread whose collectives must never interleave
+    with the main thread's on `world` (an ahead schedule's producer). Collective: every rank of `world` calls it."""
+    members = tuple(world.global_rank(r) for r in range(world.size))
+    group = dist.new_group(list(members), backend="gloo") if _grouped() else None
+    return World(world.rank, world.size, world.local_rank, world.device, group, members)
+
+
 def model_parallel_world(world: World, tensor_parallel: int, pipeline_parallel: int) -> World | None:
     """The view of the ranks that hold one copy of the model together (the ranks of one data-parallel rank, in
     torchrun order), or None when each rank holds the whole model. They generate a data-parallel rank's prompts

@@ -72,6 +72,10 @@ class SyncSchedule:
     def take(self, step: int, timer: StageTimer) -> Batch:
         return self.produce(step, timer, self.version)
 
+    def settled(self, step: int) -> int:
+        """The last step every rank has finished when batch `step` starts: the one before it."""
+        return step - 1
+
     def push(self, step: int, push: Callable[[], None]) -> None:
         push()
         self.version = step
@@ -106,6 +110,11 @@ class AheadSchedule:
 
     def weights_for(self, step: int) -> int:
         return max(self.start, step - 1 - self.staleness)
+
+    def settled(self, step: int) -> int:
+        """The last step every rank has finished when batch `step` starts (it waits for the push of the weights
+        it is generated with, which ends that step's update): the one before those weights'."""
+        return self.weights_for(step) - 1
 
     def _startable(self) -> bool:
         return self.next <= self.last and self.version >= self.weights_for(self.next)

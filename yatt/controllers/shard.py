@@ -32,7 +32,7 @@ from yatt.controllers.shard_state import ShardState
 from yatt.data.prepare import RankData, load_rank_data
 from yatt.data.rollout import Rollout
 from yatt.data.stream import PromptStream
-from yatt.distributed import World, model_parallel_world
+from yatt.distributed import World, model_parallel_world, own_group
 from yatt.genrm.judge import Judge
 from yatt.models.vision import ImageInputs, is_vision_model
 from yatt.placement.engine_lifecycle import ROLLOUT
@@ -89,6 +89,8 @@ class ControllerShard(ShardState):
             self.engines.keep_pushed()
         mp = model_parallel_world(world, *cfg.trainer.model_parallel) if ahead and group_world else group_world
         self.producer_group = GroupShare(mp, self.devices, self.world) if ahead else self.group
+        # partial: every device serves the others until all controllers' batches are made (a barrier)
+        self.producer_devices = own_group(world) if ahead and cfg.placement.mode == "partial" else self.devices
         dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id)
@@ -105,7 +107,7 @@ class ControllerShard(ShardState):
         sampling_metrics = reduce_metrics(self.world, batch.counts) if batch.counts else {}
         self.last_rollouts = rollouts = batch.rollouts
         metrics, balance_metrics = self.consume(rollouts, step, timer)
-        metrics.update(self._placement_metrics(batch, timer))
+        metrics.update(self._placement_metrics(step, batch, timer))
         metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, rollouts)))
         self.last_step = step
         return {**metrics, **sampling_metrics, **balance_metrics}
@@ -125,6 +127,8 @@ class ControllerShard(ShardState):
         merged, and this rank's dynamic sampling counts ({} when off). No collective on the shard's worlds: it
         may run on the producer thread (yatt.controllers.schedule)."""
         rounds: list[GenerationStats] = []
+        if self.ahead and self.schedule.split is not None:  # partial: the ranks' engines serve each other, so
+            self.producer_devices.barrier()  # every rank has pushed the weights this batch is made with
 
         def generate(count: int, round_: int) -> list[Rollout]:
             rollouts, stats = self._generate_round(step, count, round_, timer)
@@ -139,7 +143,7 @@ class ControllerShard(ShardState):
             rollouts = [r for group in groups for r in group]
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
             with timer("generate"):
-                self.devices.barrier()
+                self.producer_devices.barrier()
         return rollouts, GenerationStats.merged(rounds), counts
 
     def consume(self, rollouts: list[Rollout], step: int, timer: StageTimer) -> tuple[dict, dict]:
@@ -192,7 +196,8 @@ class ControllerShard(ShardState):
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
             images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
             prompts = dict(rows=rows, prompt_ids=prompt_ids, images=images, tokenizer=self.tokenizer)
-            where = (self.engines, self.engine_placement, self.schedule.split, self.devices.rank, self.judges)
+            split = self.schedule.split_for(self.rollouts.settled(step))  # the same on every rank
+            where = (self.engines, self.engine_placement, split, self.devices.rank, self.judges)
             tags = dict(step=step, round_=round_, run_seed=cfg.run.seed, first_group=share.start)  # judge seeds
             rollouts, stats = generate_placed(*where, seeds=seeds, sampling=self.sampling, **tags, **prompts)
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
@@ -205,18 +210,19 @@ class ControllerShard(ShardState):
             assign_rewards(rollouts, cfg.reward.kind, weights, cfg.reward.rule_weight)
         return rollouts, stats
 
-    def _placement_metrics(self, batch: Batch, timer: StageTimer) -> dict:
+    def _placement_metrics(self, step: int, batch: Batch, timer: StageTimer) -> dict:
         """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics);
         looks restarted engines up again, and picks the next step's split."""
         busy = {**batch.busy, "train": timer.seconds["logprobs"] + timer.seconds["update"]}
-        restarts, owned, split = self.engines.take_restarts(), self.placement.take_metrics(), self.schedule.split
+        restarts, owned = self.engines.take_restarts(), self.placement.take_metrics()
+        split = self.schedule.split_for(self.rollouts.settled(step))  # the batch's
         parts = (busy, owned, restarts, batch.restarted, batch.stats, split, timer.total, self.judges, batch.rollouts)
         out = step_placement_metrics(self.world, self.devices, *parts)
         if out["placement/engine_restarts"]:
             with self.rollouts.engines:
                 self.engines.forget_endpoints()
         # every rank saw the same sums, so all choose the same split for the next step
-        self.schedule.observe(out["load/rollout_busy_s"], out["load/genrm_busy_s"])
+        self.schedule.observe(out["load/rollout_busy_s"], out["load/genrm_busy_s"], step)
         return out
 
     def _push_policy(self) -> None:

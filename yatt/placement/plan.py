@@ -61,9 +61,16 @@ class GenerationSchedule:
             wanted = cfg.rollout_devices or -(-world_size // 2)
             bounded = min(max(wanted, cfg.min_rollout_devices), world_size - cfg.min_genrm_devices)
             self.split = split_devices(world_size, bounded)
+        self.first, self.chosen = self.split, {}  # chosen: step -> the split picked after it (the recent ones)
 
-    def observe(self, rollout_work_s: float, genrm_work_s: float) -> None:
-        """Record one step's measured work (device-seconds, same on every rank) and pick the next split."""
+    def split_for(self, settled: int) -> GenerationSplit | None:
+        """The split a batch uses: the one picked after step `settled`, the last step every rank had finished when
+        the batch started (the current split for a batch made in its own step, an older one for a batch made
+        ahead of the trainer: yatt.controllers.schedule), so all ranks agree; the first split before any."""
+        return self.chosen.get(settled, self.first)
+
+    def observe(self, rollout_work_s: float, genrm_work_s: float, step: int) -> None:
+        """Record step `step`'s measured work (device-seconds, same on every rank) and pick the next split."""
         if self.split is None:
             return
         self.load.update(rollout_work_s, genrm_work_s)
@@ -76,3 +83,5 @@ class GenerationSchedule:
                 self.cfg.min_genrm_devices,
             )
             self.split = split_devices(self.world_size, r)
+        self.chosen[step] = self.split
+        self.chosen.pop(step - 64, None)  # ahead schedules look back at most max_staleness + 2 steps
