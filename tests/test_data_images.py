@@ -192,3 +192,28 @@ class _SoloRankWorld(World):
 
     def max(self, values):
         return list(values)
+
+
+def test_restored_rollouts_get_their_images_back(vl_folder, shapes):
+    """A checkpoint's rollouts (batches made ahead, dynamic sampling's queue) hold rows, not pixels: on resume
+    each image prompt's images are read and encoded again, once per prompt, to the same pixels."""
+    from transformers import AutoTokenizer
+
+    from yatt.controllers.images import load_batch_images, reload_images
+    from yatt.data.rollout import Rollout
+
+    tok = AutoTokenizer.from_pretrained(vl_folder)
+    rows = read_jsonl_shard([shapes / "train.jsonl"], 0, 1)[:2]
+    encode = lambda rs: encode_prompts(rs, tok, 256)  # noqa: E731
+    images = load_batch_images(rows, ImageInputs(vl_folder), encode(rows))
+    saved = [
+        Rollout(row, im.prompt_ids, [5], [-1.0], "stop", vision=im) for row, im in zip(rows, images) for _ in range(3)
+    ]
+    restored = [Rollout.from_dict(r.to_dict()) for r in saved]
+    assert all(r.vision is None for r in restored)
+    reload_images(restored, ImageInputs(vl_folder), encode)
+    for before, after in zip(saved, restored):
+        assert after.vision.prompt_ids == before.vision.prompt_ids and after.vision.images == before.vision.images
+        for k, v in before.vision.pixels.items():
+            assert torch.equal(after.vision.pixels[k], v)
+    assert restored[0].vision is restored[2].vision and restored[0].vision is not restored[3].vision  # per prompt

@@ -34,6 +34,22 @@ def load_batch_images(
     return out
 
 
+def reload_images(rollouts, inputs: ImageInputs | None, encode) -> None:
+    """Rollouts taken back from a checkpoint keep their rows but not their pixels (Rollout.to_dict drops them):
+    read and encode each image prompt's images again, once per prompt (its samples share the result), so a
+    restored batch trains as the saved one did. `encode(rows)`: the rows' prompt ids, as a step encodes them."""
+    shared: dict[tuple, PromptImages] = {}
+    for r in rollouts:
+        if r.vision is not None or r.row is None or not r.row.images:
+            continue
+        key = (r.row.index, tuple(r.prompt_ids))
+        if key not in shared:
+            shared[key] = load_batch_images([r.row], inputs, encode([r.row]))[0]
+            if shared[key].prompt_ids != r.prompt_ids:
+                raise ValueError(f"{r.row.where}: its images no longer expand to the checkpointed prompt")
+        r.vision = shared[key]
+
+
 def stack_pixels(rollouts) -> dict[str, torch.Tensor]:
     """The trainer's pixel inputs for a batch of rollouts, one row each ({} for text rollouts). Rows must share
     one image layout (count and size of images): mixing text and image rows, or different layouts, in one

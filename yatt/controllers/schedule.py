@@ -76,6 +76,10 @@ class SyncSchedule:
         """The last step every rank has finished when batch `step` starts: the one before it."""
         return step - 1
 
+    def held(self) -> list[Rollout]:
+        """The rollouts of batches made and not yet trained on: none."""
+        return []
+
     def push(self, step: int, push: Callable[[], None]) -> None:
         push()
         self.version = step
@@ -201,6 +205,11 @@ class AheadSchedule:
         sums["async/dropped_stale_samples"] = float(self.dropped)
         peaks = {"async/staleness_max": float(max(lags)), "async/queue_depth": float(self.depth)}
         return sums, {**peaks, "async/wait_s": self.waited_s, "async/producer_busy_s": busy}
+
+    def held(self) -> list[Rollout]:
+        """The rollouts of the batches made ahead and not yet trained on."""
+        with self.changed:
+            return [r for batch, _ in self.ready.values() for r in batch.rollouts]
 
     def quiesce(self) -> None:
         """Wait until the producer made every batch the engines' current weights feed (it then waits for the

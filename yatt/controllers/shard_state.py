@@ -8,6 +8,8 @@ copies `state_dict()` at a save and hands it to `load_state_dict()` on resume. M
 from __future__ import annotations
 
 from yatt.checkpoint.rng import rng_state, set_rng_state
+from yatt.controllers.images import reload_images
+from yatt.data.prepare import encode_prompts
 
 
 class ShardState:
@@ -29,6 +31,10 @@ class ShardState:
         optional = {"sampler": self.sampler, "critic": self.critic}
         return {**ahead, **parts, **{key: part for key, part in optional.items() if part is not None}}
 
+    def _restored_rollouts(self) -> list:
+        """The rollouts a checkpoint carries: the batches made ahead and dynamic sampling's queued groups."""
+        return self.rollouts.held() + [r for group in (self.sampler.queue if self.sampler else []) for r in group]
+
     def state_dict(self) -> dict[str, dict]:
         """Everything resuming needs, as named component states (live references; yatt.checkpoint copies them)."""
         progress = {"step": self.last_step, "samples_trained": self.samples_trained}
@@ -39,6 +45,9 @@ class ShardState:
         """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
         for key, part in self._stateful().items():
             part.load_state_dict(state[key])
+        if self.image_inputs is not None:  # batches made ahead and queued groups come back without pixels
+            encode = lambda rows: encode_prompts(rows, self.tokenizer, self.cfg.data.max_prompt_tokens)  # noqa: E731
+            reload_images(self._restored_rollouts(), self.image_inputs, encode)
         self.last_step, self.samples_trained = state["progress"]["step"], state["progress"]["samples_trained"]
         self._push_policy()
         self.rollouts.version = self.last_step
