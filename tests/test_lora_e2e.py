@@ -1,0 +1,91 @@
+"""LoRA end to end (model.lora): 2 torchrun ranks, real engines, a tiny policy.
+
+- vLLM engines with merged syncs and a KL term (the reference is the policy with its adapter off): finite metrics;
+  checkpoints hold the adapters and their optimizer state only; the exports load with transformers and with peft;
+- hf engines with adapter-only syncs: a run killed with kill -9 while a checkpoint is being written resumes to
+  the uninterrupted run's metrics and weights.
+"""
+
+import math
+import os
+import signal
+import time
+
+import pytest
+import torch
+from e2e import ONE_TOKEN_GRPO, experiment, process_tree
+from safetensors.torch import load_file
+from test_async_e2e import assert_same_run, records, run
+from test_checkpoint_resume_e2e import finish, launch
+
+pytestmark = pytest.mark.engine
+STEPS = 4
+LORA = ("model.lora.rank=2", "model.lora.alpha=4")
+HF_ADAPTER = ("rollout.engine.backend=hf", "rollout.engine.vllm=null", "model.lora.sync=adapter")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lora")
+    return tmp, experiment(
+        tmp,
+        f"""
+{ONE_TOKEN_GRPO}checkpoint: {{every: 2, keep: 2}}
+run: {{name: r, steps: {STEPS}, eval_every: 2}}
+""",
+        name="lora.yaml",
+    )
+
+
+def test_lora_with_vllm_merged_syncs_and_a_kl_term(config):
+    tmp, path = config
+    run_dir = run(tmp, "vllm", path, *LORA, "algorithm.kl_coef=0.05", "checkpoint.export_hf=true")
+    steps = [r for r in records(run_dir) if r["step"] > 0]
+    assert len(steps) == STEPS
+    assert all(math.isfinite(v) for r in steps for v in r.values() if isinstance(v, (int, float)))
+    assert any(r["actor/kl_ref"] > 0 for r in steps)  # the policy moved away from its adapter-off self
+
+    ckpt = run_dir / "checkpoints" / f"step-{STEPS:08d}"
+    tensors = load_file(ckpt / "shared.safetensors")
+    assert tensors and all(k.startswith(("trainer/adapter/", "trainer/optimizer/")) for k in tensors), sorted(tensors)[
+        :5
+    ]
+    model_bytes = sum(t.numel() * t.element_size() for t in load_file(tmp / "policy0" / "model.safetensors").values())
+    assert (ckpt / "shared.safetensors").stat().st_size < 0.5 * model_bytes  # a full one: 3x the model
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[3, 4, 5, 6]])
+    for policy in (ckpt / "policy", run_dir / "policy"):
+        merged = AutoModelForCausalLM.from_pretrained(str(policy))
+        adapted = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(str(tmp / "policy0")), str(policy / "adapter")
+        )
+        assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-5)
+    final, saved = load_file(run_dir / "policy" / "model.safetensors"), load_file(ckpt / "policy" / "model.safetensors")
+    assert set(final) == set(saved) and all(torch.equal(final[k], saved[k]) for k in final)
+
+
+def test_lora_with_adapter_syncs_resumes_exactly_after_kill_9(config):
+    tmp, path = config
+    uninterrupted = run(tmp, "full", path, *LORA, *HF_ADAPTER)
+    assert all(math.isfinite(r["actor/grad_norm"]) for r in records(uninterrupted) if r["step"] > 0)
+
+    ckpts = tmp / "chain" / "r" / "checkpoints"
+    proc = launch(tmp, path, "chain", *LORA, *HF_ADAPTER, "checkpoint.debug_write_delay_s=1.0")
+    saved = ckpts / "step-00000002"
+
+    def killable() -> bool:  # step 2's checkpoint committed, step 4's being written
+        return (saved / "manifest.json").is_file() and any(".tmp-" in p.name for p in ckpts.iterdir())
+
+    deadline = time.monotonic() + 300
+    while not (ckpts.is_dir() and killable()):
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[-3000:]
+        time.sleep(0.02)
+    for pid in process_tree(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    finish(proc)
+    out = finish(launch(tmp, path, "chain", *LORA, *HF_ADAPTER))
+    assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
+    assert_same_run(uninterrupted, tmp / "chain" / "r")
