@@ -89,3 +89,34 @@ def test_lora_with_adapter_syncs_resumes_exactly_after_kill_9(config):
     out = finish(launch(tmp, path, "chain", *LORA, *HF_ADAPTER))
     assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
     assert_same_run(uninterrupted, tmp / "chain" / "r")
+
+
+def test_the_benchmark_runs(tmp_path):
+    """benchmarks/lora.py at its smallest (hf engines, 2 steps; the numbers mean nothing at this size), its results
+    holding no machine paths. (With the others in test_benchmarks.py's spirit; kept here with LoRA's tests.)"""
+    from test_benchmarks import results
+    from test_benchmarks import run as run_script
+
+    config = experiment(tmp_path, ONE_TOKEN_GRPO)
+    out = run_script(
+        "lora.py",
+        "--config",
+        str(config),
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--rank",
+        "2",
+        "--variants",
+        "full (hf)",
+        "LoRA adapter sync (hf)",
+        "--out",
+        str(tmp_path / "lora"),
+        cwd=tmp_path,
+    )
+    rows = results(tmp_path / "lora.json", tmp_path)["variants"]
+    assert [r["variant"] for r in rows] == ["full (hf)", "LoRA adapter sync (hf)"]
+    full, lora = rows
+    assert lora["checkpoint_mib"] < full["checkpoint_mib"] and all(r["sync_s"] > 0 and r["step_s"] > 0 for r in rows)
+    assert "checkpoint_mib / full (hf)" in out
