@@ -79,6 +79,38 @@ def test_the_reference_is_the_base_model_exactly(tiny):
     assert ref.offload()["moved_bytes"] == 0 and not hasattr(ref, "optimizer")
 
 
+def test_the_factory_loads_no_second_model_for_the_reference(tiny, tmp_path, monkeypatch):
+    """build_components with LoRA and a KL term: one model, whose adapter-off self is the reference (the engines,
+    started last, are stopped before they start)."""
+    from yatt.controllers.components import build_components
+    from yatt.trainers.lora import AdapterOff
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        f"model: {{path: {tiny}}}\ndata:\n  train: {{kind: jsonl, files: [{data}]}}\n  prompts_per_step: 4\n"
+    )
+    cfg = load_experiment(path, ["model.lora.rank=4", "algorithm.kl_coef=0.1", "rollout.engine.backend=hf"])
+    built: list = []
+    for cls in (TorchTrainer, AdapterOff):
+        init = cls.__init__
+        monkeypatch.setattr(
+            cls, "__init__", lambda self, *a, _init=init, **k: (built.append(self), _init(self, *a, **k))[1]
+        )
+
+    class EnginesStart(Exception):
+        pass
+
+    def spawn(*args, **kwargs):
+        raise EnginesStart
+
+    with pytest.raises(EnginesStart):
+        build_components(cfg, WORLD, tmp_path / "run", spawn=spawn)
+    policy, ref = built
+    assert isinstance(policy, TorchTrainer) and policy.lora and isinstance(ref, AdapterOff) and ref.trainer is policy
+
+
 def test_only_the_adapters_train(tiny):
     policy = lora_trainer(tiny)
     trainable = [n for n, p in policy.module.named_parameters() if p.requires_grad]
