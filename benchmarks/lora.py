@@ -14,9 +14,10 @@ LoRA rows train at --lora-lr-scale x the config's trainer.lr ("LoRA Without Regr
 about 10x full training's).
 
 Per variant: the median step, update and sync times (time/step_s, time/update_s, time/sync_s) over the steps after
-the first --warmup, the trainer processes' peak RSS (perf/peak_rss_gib, the largest rank), the size of the
-checkpoint written after the last step (its trainer and controller state, not checkpoint.export_hf's folder), and
-held-out accuracy at the start and the end. Ratios are to the first variant; the hf rows compare with full (hf).
+the first --warmup, the MiB one sync sends each engine (counted from the policy's trainer, built once here), the
+trainer processes' peak RSS (perf/peak_rss_gib, the largest rank), the size of the checkpoint written after the
+last step (its trainer and controller state, not checkpoint.export_hf's folder), and held-out accuracy at the
+start and the end. Ratios are to the first variant; the hf rows compare with full (hf).
 
 Writes <out>.json and <out>.md.
 """
@@ -53,11 +54,31 @@ def checkpoint_bytes(folder: Path) -> int:
     )
 
 
+def sync_mib(config: Path, overrides: list[str]) -> float:
+    """MiB one weight sync sends the engine (in the engine's dtype, as its client casts them), counted from the
+    policy's trainer built here in one process before the run (nothing is timed)."""
+    import torch
+
+    from yatt.config import load_experiment
+    from yatt.distributed import World
+    from yatt.tensors import DTYPES
+    from yatt.trainers.torch_trainer import TorchTrainer
+
+    cfg = load_experiment(config, overrides)
+    world = World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
+    trainer = TorchTrainer(cfg.model.path, cfg.trainer, world, lora=cfg.model.lora if cfg.model.lora.enabled else None)
+    engine = DTYPES[cfg.rollout.engine.dtype]
+    sent = [t for bucket in trainer.engine_weights(1 << 40) for _, t in bucket]
+    cast = lambda t: engine.itemsize if t.is_floating_point() and t.dtype != torch.float64 else t.element_size()
+    return sum(t.numel() * cast(t) for t in sent) / 2**20
+
+
 def run_variant(name: str, args: argparse.Namespace, lr: float, work: Path) -> dict:
     run_name = slug(name)
     overrides, lora = VARIANTS[name]
     if lora:
         overrides = [*overrides, f"model.lora.rank={args.rank}", f"trainer.lr={lr * args.lora_lr_scale}"]
+    sent_mib = sync_mib(args.config, [*overrides, *args.overrides])
     cmd = [
         sys.executable,
         "launch/train.py",
@@ -94,6 +115,7 @@ def run_variant(name: str, args: argparse.Namespace, lr: float, work: Path) -> d
         "step_s": statistics.median(r["time/step_s"] for r in timed),
         "update_s": statistics.median(r["time/update_s"] for r in timed),
         "sync_s": statistics.median(r["time/sync_s"] for r in timed),
+        "sync_mib": sent_mib,
         "peak_rss_gib": max(r["perf/peak_rss_gib"] for r in steps),
         "checkpoint_mib": checkpoint_bytes(work / run_name / "checkpoints" / f"step-{args.steps:08d}") / 2**20,
         "accuracy_start": evals[0]["accuracy"] if evals else float("nan"),
@@ -126,7 +148,8 @@ def main() -> int:
             rows.append(run_variant(name, args, lr, Path(tmp)))
             r = rows[-1]
             print(
-                f"  step {r['step_s']:.2f} s, update {r['update_s']:.2f} s, sync {r['sync_s']:.3f} s, peak RSS "
+                f"  step {r['step_s']:.2f} s, update {r['update_s']:.2f} s, sync {r['sync_s']:.3f} s "
+                f"({r['sync_mib']:.1f} MiB), peak RSS "
                 f"{r['peak_rss_gib']:.2f} GiB, checkpoint {r['checkpoint_mib']:.1f} MiB, accuracy "
                 f"{r['accuracy_start']:.3f} -> {r['accuracy_end']:.3f}",
                 flush=True,
@@ -140,12 +163,13 @@ def main() -> int:
         ("step_s", "step s"),
         ("update_s", "update s"),
         ("sync_s", "sync s"),
+        ("sync_mib", "sync MiB"),
         ("peak_rss_gib", "peak RSS GiB"),
         ("checkpoint_mib", "checkpoint MiB"),
         ("accuracy_start", "acc start"),
         ("accuracy_end", "acc end"),
     ]
-    ratios = ["step_s", "update_s", "sync_s", "peak_rss_gib", "checkpoint_mib"]
+    ratios = ["step_s", "update_s", "sync_s", "sync_mib", "peak_rss_gib", "checkpoint_mib"]
     by_engine = [[r for r in rows if "(hf)" not in r["variant"]], [r for r in rows if "(hf)" in r["variant"]]]
     md = [
         f"# LoRA r={args.rank} against full training: {shown(args.config)} {' '.join(args.overrides)}, "

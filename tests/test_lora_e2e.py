@@ -118,5 +118,6 @@ def test_the_benchmark_runs(tmp_path):
     rows = results(tmp_path / "lora.json", tmp_path)["variants"]
     assert [r["variant"] for r in rows] == ["full (hf)", "LoRA adapter sync (hf)"]
     full, lora = rows
+    assert lora["sync_mib"] < 0.2 * full["sync_mib"]  # the adapters alone
     assert lora["checkpoint_mib"] < full["checkpoint_mib"] and all(r["sync_s"] > 0 and r["step_s"] > 0 for r in rows)
     assert "checkpoint_mib / full (hf)" in out
