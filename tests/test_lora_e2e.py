@@ -3,7 +3,10 @@
 - vLLM engines with merged syncs and a KL term (the reference is the policy with its adapter off): finite metrics;
   checkpoints hold the adapters and their optimizer state only; the exports load with transformers and with peft;
 - hf engines with adapter-only syncs: a run killed with kill -9 while a checkpoint is being written resumes to
-  the uninterrupted run's metrics and weights.
+  the uninterrupted run's metrics and weights;
+- LoRA composed with the other features (the composition matrix's combinations on the torch backend): partial
+  placement, a GenRM judge, balancing, dynamic sampling, PPO's critic, checkpoint exports; the engines' log-probs
+  agree with the trainer's, so what the sync gave them is the trained policy.
 """
 
 import math
@@ -89,6 +92,34 @@ def test_lora_with_adapter_syncs_resumes_exactly_after_kill_9(config):
     out = finish(launch(tmp, path, "chain", *LORA, *HF_ADAPTER))
     assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
     assert_same_run(uninterrupted, tmp / "chain" / "r")
+
+
+@pytest.mark.parametrize(
+    "sync, extra",
+    [
+        pytest.param("adapter", [], id="partial-mixed-ppo-bal-exp-ds-adapter"),
+        pytest.param("merged", ["algorithm.kl_coef=0.05"], id="full-genrm-grpo-exp-kl-merged"),
+    ],
+)
+def test_lora_composes(tmp_path, sync, extra):
+    from e2e import torchrun
+    from test_composition_matrix import Combination, check_export, check_metrics, config_of, records, run_body
+
+    c = (
+        Combination("torch", "partial", "mixed", True, True, "ppo", True)
+        if sync == "adapter"
+        else Combination("torch", "full", "genrm", False, True, "grpo", False)
+    )
+    config, overrides = config_of(tmp_path, c, run_body(2, 2, 1))
+    lora = [*LORA, f"model.lora.sync={sync}", *extra]
+    proc = torchrun(config, *overrides, *lora, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "m"
+    check_metrics(c, records(run_dir))  # includes: engine and trainer log-probs within 1e-3
+    check_export(run_dir)
+    assert (run_dir / "checkpoints" / "step-00000002" / "policy" / "adapter" / "adapter_model.safetensors").is_file()
+    if extra:
+        assert records(run_dir)[-1]["actor/kl_ref"] > 0
 
 
 def test_the_benchmark_runs(tmp_path):
