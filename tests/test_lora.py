@@ -233,6 +233,7 @@ def test_exports_load_with_transformers_and_with_peft(tiny, tmp_path):
         ids = batch.input_ids[:2]
         assert torch.allclose(peft(ids).logits, hf(ids).logits, atol=1e-5)
         assert peft.peft_config["default"].r == LORA.rank
+    assert (tmp_path / "final" / "generation_config.json").is_file()  # as save_pretrained writes it without LoRA
     a, b = load_file(str(tmp_path / "final/model.safetensors")), load_file(str(tmp_path / "ckpt/model.safetensors"))
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 

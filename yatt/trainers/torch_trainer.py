@@ -359,8 +359,10 @@ class TorchTrainer:
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
         """The policy as a Hugging Face folder; with LoRA the merged weights, and the adapter in its adapter/."""
-        if self.lora:
+        if self.lora:  # what save_pretrained writes, with the merged weights
             export_hf(Path(folder), dict(self.named_weights()), self.module.config, tokenizer)
+            if self.module.can_generate():
+                self.module.generation_config.save_pretrained(str(folder))
             self.save_adapter(Path(folder) / ADAPTER_DIR)
             return
         self.module.save_pretrained(str(folder))
