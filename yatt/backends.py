@@ -12,7 +12,11 @@ for a plug-in class named by import path):
 - `preflight`: the checks the config alone cannot make (a package installed, a split that divides the
   ranks launched), called by `yatt.preflight.check_run` before anything starts; each registry states its
   signature (trainers: `(cfg: ExperimentConfig, world_size)`, engines: `(engine: EngineConfig)`);
-- `env` (engines): environment variables of the engine process, from its section.
+- `env` (engines): environment variables of the engine process, from its section;
+- `lora` (trainers): True when it trains LoRA adapters (model.lora), else why not, in a few words (absent: it
+  does not; a config with model.lora on and such a trainer is refused with that reason);
+- `adapters` (engines): True when its `update_weights` applies LoRA adapters itself (yatt.models.lora's format),
+  which model.lora.sync=adapter needs.
 
 So the shared config, launcher and engine code ask the entry and never name a backend.
 """
@@ -39,10 +43,13 @@ class Backend:
         config: type[BaseModel] | None = None,
         preflight: Callable[..., None] | None = None,
         env: Callable[[Any], dict] | None = None,
+        lora: bool | str = False,
+        adapters: bool = False,
     ):
         if (section is None) != (config is None):
             raise ValueError(f"backend {impl}: a section needs both its key and its config class")
         self.impl, self.section, self.config, self.preflight, self.env = impl, section, config, preflight, env
+        self.lora, self.adapters = lora, adapters
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return load_object(self.impl)(*args, **kwargs)

@@ -42,6 +42,7 @@ from yatt.data.config import DataSource, FileSource, GymSource  # noqa: F401  (r
 from yatt.engines.config import EngineConfig
 from yatt.genrm.config import JudgeConfig
 from yatt.genrm.mixing import MixMode
+from yatt.models.lora_config import LoRAConfig
 from yatt.registry import Registry, is_import_path
 from yatt.trainers import TRAINERS
 from yatt.trainers.critic_config import CriticConfig
@@ -58,6 +59,9 @@ class ModelConfig(Section):
         description="Vision-language policy: keep the vision tower's weights fixed "
         "(no gradients, no optimizer state, not sent to engines); the connector and "
         "the decoder train. No effect on a text policy.",
+    )
+    lora: LoRAConfig = Field(
+        default_factory=LoRAConfig, description="Train LoRA adapters instead of every weight (rank > 0; docs/lora.md)."
     )
 
 
@@ -490,6 +494,7 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> ExperimentConfig:
+        self._check_lora()
         if self.rollout.schedule.mode != "sync":
             mode = self.rollout.schedule.mode
             if self.placement.mode == "partial" and self.rollout.schedule.in_flight == "resume":
@@ -557,6 +562,24 @@ class ExperimentConfig(Section):
                 f"rollout.engine.max_model_len={limit}"
             )
         return self
+
+    def _check_lora(self) -> None:
+        """model.lora against the trainer and engine backends: each declares what it can (yatt.backends)."""
+        lora = self.model.lora
+        if not lora.enabled:
+            return
+        trainer = getattr(self.trainer.backend_entry, "lora", False)
+        if trainer is not True:
+            why = trainer or "it does not declare lora = True (yatt.backends)"
+            raise ValueError(
+                f"model.lora.rank={lora.rank}: trainer.backend={self.trainer.backend} does not train LoRA adapters "
+                f"yet: {why}; use trainer.backend=torch or model.lora.rank=0"
+            )
+        if lora.sync == "adapter" and not getattr(self.rollout.engine.backend_entry, "adapters", False):
+            raise ValueError(
+                f"model.lora.sync=adapter: rollout.engine.backend={self.rollout.engine.backend} does not merge "
+                "adapters itself; use model.lora.sync=merged (or rollout.engine.backend=hf)"
+            )
 
     @property
     def uses_critic(self) -> bool:

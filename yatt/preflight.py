@@ -113,6 +113,8 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     ]
     for setting, package, extra in missing:
         raise ConfigError(f"{source}: {setting} needs the {package} package: pip install 'yatt[{extra}]'")
+    if cfg.model.lora.enabled and "vision_config" in json.loads((cfg.model.path / "config.json").read_text()):
+        raise ConfigError(f"{source}: model.lora: LoRA on a vision-language policy is not supported yet")
     positions = model_positions(cfg.model.path)
     if positions and cfg.rollout_tokens > positions:
         raise ConfigError(

@@ -2,7 +2,8 @@
 
 checkpoint.export_hf writes one inside each checkpoint. `policy_writer` is the hook a save calls on every rank,
 in the training thread; it chooses where the weights come from and returns what rank 0's background writer
-runs, so the folder lands in the checkpoint's staging directory and appears only at the commit.
+runs, so the folder lands in the checkpoint's staging directory and appears only at the commit. A trainer with
+LoRA adapters (model.lora) also writes them, as peft's adapter folder, in the policy folder's `adapter/`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch import Tensor
 from yatt.checkpoint.snapshot import Snapshot, restore
 
 PolicyWriter = Callable[[Path], None]  # writes the policy folder at the given path (background writer, rank 0)
+ADAPTER_DIR = "adapter"  # model.lora: peft's adapter folder inside the policy folder
 
 
 class PolicySource(Protocol):
@@ -28,6 +30,9 @@ class PolicySource(Protocol):
 
     def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]: ...
     def gather_hf_weights(self) -> dict[str, Tensor] | None: ...
+
+    # optional: a trainer with LoRA adapters writes peft's adapter folder of a snapshot's state (None: live)
+    # save_adapter(folder: Path, state: dict | None = None) -> None
 
 
 def export_hf(folder: Path, weights: dict[str, Tensor], hf_config: Any, tokenizer: Any) -> None:
@@ -48,11 +53,14 @@ def export_snapshot(
     hf_weights: Callable[[Any], dict[str, Tensor]],
     hf_config: Any,
     tokenizer: Any,
+    save_adapter: Callable[[Path, Any], None] | None = None,
 ) -> None:
     """Export the state saved under `key` of a checkpoint snapshot; `hf_weights` (the trainer's) finds the
-    Hugging Face-named weights in it."""
+    Hugging Face-named weights in it, `save_adapter` (the trainer's, if it has one) writes its adapters."""
     state = restore({key: snap.tree[key]}, snap.tensors)[key]
     export_hf(folder, hf_weights(state), hf_config, tokenizer)
+    if save_adapter is not None:
+        save_adapter(folder / ADAPTER_DIR, state)
 
 
 def policy_writer(trainer: PolicySource, snap: Snapshot | None, key: str, tokenizer: Any) -> PolicyWriter | None:
@@ -73,6 +81,7 @@ def policy_writer(trainer: PolicySource, snap: Snapshot | None, key: str, tokeni
             hf_weights=trainer.hf_weights,
             hf_config=trainer.hf_config,
             tokenizer=tokenizer,
+            save_adapter=getattr(trainer, "save_adapter", None),
         )
     weights = trainer.gather_hf_weights()  # a collective: every rank takes part, rank 0 gets the weights
     if weights is None:

@@ -19,7 +19,12 @@ def config_fingerprint(cfg: ExperimentConfig, world_size: int) -> dict[str, Any]
     arch = (cfg.model.path / "config.json").read_bytes()
     fields = {
         "world_size": world_size,
-        "model": {"path": str(cfg.model.path), "config_json_blake2b": hashlib.blake2b(arch).hexdigest()[:32]},
+        "model": {
+            "path": str(cfg.model.path),
+            "config_json_blake2b": hashlib.blake2b(arch).hexdigest()[:32],
+            # only with LoRA, so checkpoints of runs without it stay resumable across this field's arrival
+            **({"lora": cfg.model.lora.model_dump(mode="json", exclude={"sync"})} if cfg.model.lora.enabled else {}),
+        },
         "data": cfg.data.model_dump(mode="json", include={"train", "prompts_per_step", "max_prompt_tokens", "shuffle"}),
         "rollout": cfg.rollout.model_dump(
             mode="json", include={"group_size", "temperature", "top_p", "max_new_tokens"}

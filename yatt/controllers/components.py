@@ -30,7 +30,7 @@ from yatt.trainers.base import Trainer
 class Components:
     tokenizer: Any
     trainer: Trainer  # the policy
-    ref: Trainer | None  # the frozen reference policy (only with a KL term)
+    ref: Trainer | None  # the frozen reference policy (only with a KL term; with LoRA the policy, adapter off)
     engines: EngineServices  # this rank's engine processes and clients to every rank's engines
     algorithm: Algorithm
     critic: Critic | None = None  # PPO's value model (cfg.uses_critic)
@@ -42,10 +42,18 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
     per_step = cfg.algorithm.ppo_epochs * cfg.algorithm.mini_batches  # optimizer steps per RL step
     # the policy does not step during the critic's warm-up, so its lr schedule spans the steps after it
     policy_steps = cfg.run.steps - (cfg.critic.warmup_steps if cfg.uses_critic else 0)
+    lora = {"lora": cfg.model.lora} if cfg.model.lora.enabled else {}  # a backend that declares lora takes it
     trainer = backend(
-        cfg.model.path, cfg.trainer, world, total_steps=policy_steps * per_step, freeze_vision=cfg.model.freeze_vision
+        cfg.model.path,
+        cfg.trainer,
+        world,
+        total_steps=policy_steps * per_step,
+        freeze_vision=cfg.model.freeze_vision,
+        **lora,
     )
-    ref = backend(cfg.model.path, cfg.trainer, world, trainable=False) if cfg.algorithm.kl_coef else None
+    ref = None
+    if cfg.algorithm.kl_coef:  # with LoRA the policy with its adapter off: no second copy of the model
+        ref = trainer.reference() if lora else backend(cfg.model.path, cfg.trainer, world, trainable=False)
     critic = None
     if cfg.uses_critic:  # the trainer section's settings with the critic's own learning rate
         value_model = backend(

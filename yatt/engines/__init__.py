@@ -6,7 +6,8 @@
 
 An entry may own a section beside `backend` and declare hooks (`yatt.backends`): `preflight(engine:
 EngineConfig)` raises ValueError for what the config alone cannot tell, `env(section)` gives the engine
-process's environment variables (None: removed). A plug-in by import path is imported by that path in the
+process's environment variables (None: removed), `adapters` says whether its `update_weights` merges LoRA
+adapters itself (yatt.models.lora). A plug-in by import path is imported by that path in the
 engine process too, found where the parent found it (`yatt.engines.client.engine_env`).
 """
 
@@ -15,5 +16,5 @@ from yatt.registry import Registry
 
 ENGINES: Registry = Registry(
     "rollout.engine.backend",
-    {"vllm": "yatt.engines.vllm_config:VLLM", "hf": Backend("yatt.engines.hf_engine:HFEngine")},
+    {"vllm": "yatt.engines.vllm_config:VLLM", "hf": Backend("yatt.engines.hf_engine:HFEngine", adapters=True)},
 )

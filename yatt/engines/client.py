@@ -223,13 +223,12 @@ class EngineClient:
         """Send weights in layer-aligned buckets of at most ``weight_bucket_mb`` MB.
 
         Floating tensors are cast to the engine dtype here, so no more bytes travel than the
-        engine keeps; each bucket is applied before the next is sent, bounding extra memory.
+        engine keeps, except float64 ones (exact scalars such as a LoRA adapter's scaling: no weight is float64);
+        each bucket is applied before the next is sent, bounding extra memory.
         """
-        dtype = DTYPES[self.cfg.dtype]
-        prepared = [
-            (name, t.detach().to("cpu", dtype=dtype if t.is_floating_point() else t.dtype).contiguous())
-            for name, t in named_tensors
-        ]
+        engine = DTYPES[self.cfg.dtype]
+        cast = lambda t: engine if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
+        prepared = [(name, t.detach().to("cpu", dtype=cast(t)).contiguous()) for name, t in named_tensors]
         for bucket in weight_buckets(prepared, self.cfg.weight_bucket_mb * (1 << 20)):
             self._call("update_weights", named_tensors=bucket)
 

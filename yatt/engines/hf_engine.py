@@ -32,6 +32,7 @@ import torch
 
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.config import EngineConfig
+from yatt.models.lora import is_adapter_tensor, merge_adapter_updates
 from yatt.models.vision import ImageInputs, Pixels, is_vision_model, load_policy
 from yatt.tensors import DTYPES
 
@@ -99,6 +100,7 @@ class HFEngine:
         self.sleeping = False
         self.weight_updates = 0
         self.last_update_s = 0.0
+        self._lora_bases: dict[str, torch.Tensor] = {}  # base weights of the modules adapters are merged into
         self.startup_s = time.perf_counter() - t0
         log.info("hf engine for %s ready on %s (%s) in %.1fs", model_path, self.device, cfg.dtype, self.startup_s)
 
@@ -313,11 +315,16 @@ class HFEngine:
 
     # ---- weights and memory --------------------------------------------------------------------
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy tensors into the parameters of the same Hugging Face name; all are checked before any copy."""
+        """Copy tensors into the parameters of the same Hugging Face name; all are checked before any copy.
+
+        LoRA adapters (model.lora.sync=adapter, yatt.models.lora's format) are merged here into the base weights
+        as the model folder gave them: the first adapter of a module keeps a copy of its base weight."""
         if self.sleeping:
             raise RuntimeError("engine is asleep; call wake() first")
         t0 = time.perf_counter()
         params = dict(self.model.named_parameters(remove_duplicate=False))  # tied names resolve both ways
+        if any(is_adapter_tensor(name) for name, _ in named_tensors):
+            named_tensors = merge_adapter_updates(named_tensors, lambda name: self._lora_base(params, name))
         for name, tensor in named_tensors:
             if name not in params:
                 raise ValueError(f"update_weights: unknown parameter {name!r}; nothing was updated")
@@ -332,6 +339,14 @@ class HFEngine:
         self.weight_updates += 1
         self.last_update_s = time.perf_counter() - t0
 
+    def _lora_base(self, params: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        """The base weight an adapter of `name` merges into: a copy taken before its first adapter was merged."""
+        if name not in self._lora_bases:
+            if name not in params:
+                raise ValueError(f"update_weights: adapter for unknown parameter {name!r}; nothing was updated")
+            self._lora_bases[name] = params[name].detach().clone()
+        return self._lora_bases[name]
+
     def sleep(self) -> dict[str, Any]:
         """On an accelerator, move the weights to host and release cached memory; a no-op on CPU."""
         if not self.sleep_supported:
@@ -343,6 +358,7 @@ class HFEngine:
         torch.cuda.synchronize()
         before = torch.cuda.mem_get_info()[0]
         self.model.to("cpu")
+        self._lora_bases = {k: v.to("cpu") for k, v in self._lora_bases.items()}
         torch.cuda.empty_cache()
         self.sleeping = True
         return {"supported": True, "freed_bytes": int(torch.cuda.mem_get_info()[0] - before)}
@@ -353,6 +369,7 @@ class HFEngine:
         if not self.sleeping:
             return {"supported": True, "already": True}
         self.model.to(self.device)
+        self._lora_bases = {k: v.to(self.device) for k, v in self._lora_bases.items()}
         self.sleeping = False
         return {"supported": True}
 

@@ -3,7 +3,8 @@
 `TRAINERS` names the backends `trainer.backend` may choose; each implements `yatt.trainers.base.Trainer`.
 An entry may own a section beside `backend` (`trainer.megatron`) and declare hooks (`yatt.backends`):
 `preflight(cfg: ExperimentConfig, world_size)` raises ValueError for what the config alone cannot tell; its
-section's `model_parallel` (tensor, pipeline) says how many ranks hold one copy of the model.
+section's `model_parallel` (tensor, pipeline) says how many ranks hold one copy of the model; `lora` says whether
+it trains LoRA adapters (model.lora; a trainer that does takes `lora=` and has `reference()`).
 """
 
 from yatt.backends import Backend
@@ -12,7 +13,7 @@ from yatt.registry import Registry
 TRAINERS: Registry = Registry(
     "trainer.backend",
     {
-        "torch": Backend("yatt.trainers.torch_trainer:TorchTrainer"),
+        "torch": Backend("yatt.trainers.torch_trainer:TorchTrainer", lora=True),
         "megatron": "yatt.trainers.megatron_config:MEGATRON",
     },
 )

@@ -3,9 +3,11 @@
 Backends are registered in `yatt.trainers.TRAINERS` under the name `trainer.backend` selects and built as
 ``Backend(model_path, cfg: TrainerConfig, world, trainable=True, total_steps=1, head="lm", freeze_vision=False)``;
 `trainable=False` is a frozen reference model (log-probs only); `freeze_vision` (model.freeze_vision) keeps a
-vision-language policy's vision tower fixed. Batches of image prompts carry `TokenBatch.pixels`. A backend
-knows nothing about RL: the controller hands it a loss function, so the policy objective, a value loss or an
-SFT loss run through the same update.
+vision-language policy's vision tower fixed. A backend whose registry entry declares `lora` (yatt.backends) is
+also given `lora=` (yatt.models.lora_config.LoRAConfig, model.lora) when it is on, and then has `reference()`:
+the frozen reference as the policy with its adapter off (log-probs, offload/onload), instead of a second model.
+Batches of image prompts carry `TokenBatch.pixels`. A backend knows nothing about RL: the controller hands it
+a loss function, so the policy objective, a value loss or an SFT loss run through the same update.
 
 `head` says what the model computes per response token. "lm": a causal LM, whose per-token outputs are
 log-probs (`logprobs`). "value": a value model for PPO's critic, the same decoder with one scalar per

@@ -60,5 +60,10 @@ def preflight(cfg: ExperimentConfig, world_size: int) -> None:
 
 
 MEGATRON = Backend(
-    "yatt.trainers.megatron_trainer:MegatronTrainer", section="megatron", config=MegatronConfig, preflight=preflight
+    "yatt.trainers.megatron_trainer:MegatronTrainer",
+    section="megatron",
+    config=MegatronConfig,
+    preflight=preflight,
+    lora="its layers are megatron-core's tensor-parallel linears, which peft does not adapt, and its weights "
+    "reach engines and checkpoints as gathered shards, which know no adapters yet",
 )

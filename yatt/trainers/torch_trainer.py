@@ -24,10 +24,13 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
+from yatt.checkpoint.export import ADAPTER_DIR, export_hf
 from yatt.config import TrainerConfig
 from yatt.distributed import World
+from yatt.models.lora_config import LoRAConfig
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_buckets
+from yatt.trainers.lora import AdapterOff, Adapters
 from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer
 
@@ -47,6 +50,16 @@ def load_module(model_path: str | Path, head: str, dtype: torch.dtype, **kwargs:
     config = AutoConfig.from_pretrained(str(model_path), num_labels=1)
     config.classifier_dropout = 0.0
     return AutoModelForTokenClassification.from_pretrained(str(model_path), config=config, dtype=dtype, **kwargs)
+
+
+def freeze_vision_tower(module: torch.nn.Module) -> set[str]:
+    """model.freeze_vision: the vision tower's parameters stop training; their names."""
+    frozen = set()
+    for name, p in module.named_parameters():
+        if vision_parameter(name):
+            p.requires_grad_(False)
+            frozen.add(name)
+    return frozen
 
 
 def lr_factor(step: int, cfg: TrainerConfig, total_steps: int) -> float:
@@ -79,6 +92,7 @@ class TorchTrainer:
         total_steps: int = 1,
         head: str = "lm",
         freeze_vision: bool = False,
+        lora: LoRAConfig | None = None,
     ):
         self.cfg, self.world, self.trainable, self.head = cfg, world, trainable, head
         self.vision = is_vision_model(model_path)
@@ -87,13 +101,10 @@ class TorchTrainer:
         extra = (
             {"attn_implementation": attention_implementation(world.device, self.share_prompts)} if self.packed else {}
         )
+        # the model chain: load -> freeze -> adapters -> checkpointing -> data parallel -> optimizer
         self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
-        self.frozen = set()  # parameters that never train (the vision tower with freeze_vision)
-        if self.vision and freeze_vision:
-            for name, p in self.module.named_parameters():
-                if vision_parameter(name):
-                    p.requires_grad_(False)
-                    self.frozen.add(name)
+        self.frozen = freeze_vision_tower(self.module) if self.vision and freeze_vision else set()
+        self.lora = self._adapters(lora) if lora is not None and lora.enabled and trainable else None
         self.scorer = TokenScorer(self.module, cfg.logprob_chunk_tokens) if head == "lm" else ValueScorer(self.module)
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
@@ -112,7 +123,7 @@ class TorchTrainer:
                 self.scorer, device_ids=device_ids, gradient_as_bucket_view=True, forward_sync_buffers=False
             )
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.module.parameters() if p.requires_grad],
+            self.lora.parameters() if self.lora else [p for p in self.module.parameters() if p.requires_grad],
             lr=cfg.lr,
             betas=cfg.betas,
             weight_decay=cfg.weight_decay,
@@ -120,6 +131,19 @@ class TorchTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps)
         )
+
+    def _adapters(self, lora: LoRAConfig) -> Adapters:
+        """model.lora: peft adapters in place of training the weights (yatt.trainers.lora)."""
+        if self.head != "lm" or self.vision:
+            what = "a value model" if self.head != "lm" else "a vision-language policy"
+            raise ValueError(f"model.lora: LoRA on {what} is not supported yet")
+        return Adapters(self.module, lora)
+
+    def reference(self) -> AdapterOff:
+        """The reference model of a LoRA policy: this trainer with its adapter switched off (no second copy)."""
+        if self.lora is None:
+            raise ValueError("reference(): only a LoRA policy is its own reference; load the model frozen instead")
+        return AdapterOff(self)
 
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
         """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (the packed
@@ -269,36 +293,59 @@ class TorchTrainer:
                         state[k] = v.to(device, non_blocking=True)
 
     def named_weights(self) -> NamedTensors:
-        """Parameters under their Hugging Face names, detached (tied weights once)."""
+        """Parameters under their Hugging Face names, detached (tied weights once); with LoRA the policy's
+        weights: the adapted layers merged (new tensors), the rest the frozen base."""
+        if self.lora:
+            return list(self.lora.hf_weights().items())
         return [(name, p.detach()) for name, p in self.module.named_parameters()]
 
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        """What engines must reload: every weight but the frozen ones (they never change)."""
+        """What engines must reload: every weight but the frozen ones (they never change); with LoRA the merged
+        adapted modules or the adapters alone (model.lora.sync, yatt.trainers.lora)."""
+        if self.lora:
+            return weight_buckets(self.lora.engine_weights(), bucket_bytes)
         return weight_buckets([(n, t) for n, t in self.named_weights() if n not in self.frozen], bucket_bytes)
 
     def state_dict(self) -> dict:
-        """Live references (no copies) to what resuming needs: weights under HF names, AdamW state, the
-        lr schedule's position. Tied weights appear once, as in named_parameters()."""
-        state: dict = {"model": dict(self.named_weights()), "optimizer_steps": self.optimizer_steps}
+        """Live references (no copies) to what resuming needs: weights under HF names (with LoRA the adapters
+        alone, under "adapter": the base is model.path's), AdamW state, the lr schedule's position. Tied weights
+        appear once, as in named_parameters()."""
+        weights = {"adapter": self.lora.state()} if self.lora else {"model": dict(self.named_weights())}
+        state: dict = {**weights, "optimizer_steps": self.optimizer_steps}
         if self.trainable:
             state.update(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict())
         return state
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        params = dict(self.module.named_parameters())
-        if set(params) != set(state["model"]):
-            missing, extra = sorted(set(params) - set(state["model"])), sorted(set(state["model"]) - set(params))
-            raise ValueError(f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
-        for name, p in params.items():
-            p.copy_(state["model"][name])
+        if ("adapter" in state) != bool(self.lora):
+            saved, now = ("LoRA adapters" if "adapter" in state else "all weights"), ("on" if self.lora else "off")
+            raise ValueError(f"the checkpoint holds {saved}, but model.lora is {now}")
+        if self.lora:
+            self.lora.load_state(state["adapter"])
+        else:
+            params = dict(self.module.named_parameters())
+            if set(params) != set(state["model"]):
+                missing, extra = sorted(set(params) - set(state["model"])), sorted(set(state["model"]) - set(params))
+                raise ValueError(
+                    f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {extra[:5]}"
+                )
+            for name, p in params.items():
+                p.copy_(state["model"][name])
         self.optimizer_steps = state["optimizer_steps"]
         if self.trainable:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
 
     def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
+        if self.lora:  # the snapshot's adapters merged into the (never changing) base
+            return self.lora.hf_weights(state["adapter"])
         return dict(state["model"])
+
+    def save_adapter(self, folder: str | Path, state: dict[str, Any] | None = None) -> None:
+        """LoRA: peft's adapter folder of a snapshot's `state` (None: the live adapters); nothing without LoRA."""
+        if self.lora:
+            self.lora.save_adapter(folder, None if state is None else state["adapter"])
 
     def gather_hf_weights(self) -> dict[str, Tensor] | None:
         """Every rank holds the whole policy: a host copy of it on rank 0, None elsewhere."""
@@ -311,5 +358,12 @@ class TorchTrainer:
         return self.module.config
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
+        """The policy as a Hugging Face folder; with LoRA the merged weights, and the adapter in its adapter/."""
+        if self.lora:  # what save_pretrained writes, with the merged weights
+            export_hf(Path(folder), dict(self.named_weights()), self.module.config, tokenizer)
+            if self.module.can_generate():
+                self.module.generation_config.save_pretrained(str(folder))
+            self.save_adapter(Path(folder) / ADAPTER_DIR)
+            return
         self.module.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))
