@@ -138,6 +138,22 @@ def test_vllm_engine_and_trainer_agree_on_image_prompts(setup, tmp_path):
         assert _max_gap(trainer, loaded, groups) < 1e-3
 
 
+def test_vllm_seeded_sampling_of_many_image_prompts(tmp_path):
+    """Many image prompts at once with seeds: their prefills no longer split over steps, which on CPU made vLLM
+    rewind a seeded generator's offset and die ("CPU Generator does not use offset"); seeds still reproduce."""
+    folder = write_tiny_vl_model(tmp_path / "policy", seed=1)
+    write_shapes_files(tmp_path / "data", sizes={"train": 64})
+    rows = read_jsonl_shard([tmp_path / "data" / "train.jsonl"], 0, 1)
+    ids = encode_prompts(rows, AutoTokenizer.from_pretrained(folder), 256)
+    images = [im.images for im in load_batch_images(rows, ImageInputs(folder), ids)]
+    spec, seeds = SamplingSpec(n=8, temperature=1.0, max_tokens=4), [10 * i for i in range(len(ids))]
+    cfg = VLLM.model_copy(update={"max_num_seqs": 256})
+    with spawn_engine(folder, cfg, seed=0, log_path=tmp_path / "vllm.log") as client:
+        first = client.generate(ids, spec, seeds, images=images)
+        assert client.generate(ids, spec, seeds, images=images) == first
+    assert len(first) == 64 and all(len(g) == 8 for g in first)
+
+
 @pytest.mark.parametrize("freeze", [False, True])
 def test_training_step_updates_the_vision_tower_unless_frozen(setup, freeze):
     folder, rows, ids, loaded = setup

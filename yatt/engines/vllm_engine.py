@@ -94,6 +94,11 @@ class VLLMEngine:
         if current_platform.is_cpu():
             # Explicit bytes (fractional GiB allowed); VLLM_CPU_KVCACHE_SPACE would override it.
             kwargs["kv_cache_memory_bytes"] = int(own.kv_cache_gib * GIB)
+            # A prompt whose prefill is split over steps (chunked prefill: image prompts reach vLLM's per-step
+            # token or encoder budget) has its sampled token discarded and its seeded generator rewound with
+            # Generator.set_offset, which CPU generators do not have ("CPU Generator does not use offset"): the
+            # engine died. Unsplit, a prompt waits for a step with room for all of it.
+            kwargs["enable_chunked_prefill"] = False
         else:
             kwargs["gpu_memory_utilization"] = own.gpu_memory_utilization
         if self.sleep_supported:
