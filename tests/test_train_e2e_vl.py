@@ -60,3 +60,39 @@ def test_image_run_trains_and_engines_follow(run):
     assert (run_dir / "policy" / "processor_config.json").is_file()  # exported as a VL folder
     moved = sum(r.get("balance/moved_samples", 0) for r in records[1:])
     assert sum(r.get("balance/moved_pixel_bytes", 0) for r in records[1:]) == moved * 4 * (3 * 32 * 32 + 32 * 32)
+
+
+def test_a_step_trains_text_and_image_prompts_in_one_batch(tmp_path):
+    """Mixed rows: the data holds image prompts and text prompts, so each step's batch (and micro-batch) mixes
+    them; the engines' log-probs of both kinds agree with the trainer's on the mixed batches."""
+    write_shapes_files(tmp_path / "data", sizes={"sft": 256, "train": 24, "eval": 8})
+    policy = tmp_path / "policy0"
+    run_sft_vl(tmp_path / "data", policy, stop_at=1.01, batch_size=32, max_steps=60, eval_every=60, log=lambda _: None)
+    train = tmp_path / "data" / "train.jsonl"
+    lines = train.read_text().splitlines()
+    text = [json.dumps({"prompt": f"how many {c}?", "answer": "0", "data_source": "exact_match"}) for c in "rgb" * 4]
+    # two image rows, then two text rows, and so on: each rank's shard (every other row) mixes both kinds
+    mixed = [line for i in range(0, 12, 2) for line in (*lines[i : i + 2], *text[i : i + 2])]
+    train.write_text("\n".join(mixed) + "\n")
+    config = tmp_path / "exp.yaml"
+    config.write_text(f"""
+model: {{path: {policy}}}
+data:
+  train: {{kind: jsonl, files: [{train}]}}
+  shuffle: false
+  eval: {{kind: jsonl, files: [{tmp_path / "data" / "eval.jsonl"}]}}
+  prompts_per_step: 8
+  eval_prompts: 8
+  max_prompt_tokens: 32
+rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: hf}}}}
+algorithm: {{mini_batches: 1}}
+trainer: {{lr: 0.01, micro_batch_size: 32}}
+run: {{name: mixed, output_dir: {tmp_path / "runs"}, steps: 2, eval_every: 2}}
+""")
+    proc = torchrun(config, "--placement", "full", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "runs" / "mixed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for r in records[1:]:
+        assert math.isfinite(r["actor/policy_loss"]) and r["rollout/samples"] == 32
+        assert r["rollout/trainer_logprob_diff_max"] < 1e-3, r

@@ -154,6 +154,30 @@ def test_vllm_seeded_sampling_of_many_image_prompts(tmp_path):
     assert len(first) == 64 and all(len(g) == 8 for g in first)
 
 
+def test_text_and_image_rows_share_one_training_batch(setup):
+    """A mixed batch: each row's log-probs equal what it gets in a batch of its own kind (text rows get all-zero
+    pixels, which the model drops as padding images)."""
+    folder, rows, ids, loaded = setup
+    trainer = TorchTrainer(folder, TrainerConfig(), WORLD, trainable=False)
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = [Rollout(None, tok("how many squares?", add_special_tokens=False).input_ids, [5, 6, 7], [0.0] * 3, "stop")]
+    text.append(Rollout(None, tok("2+2=", add_special_tokens=False).input_ids, [8, 9], [0.0] * 2, "stop"))
+    image = [Rollout(None, im.prompt_ids, [5, 6], [0.0] * 2, "stop", vision=im) for im in loaded[:3]]
+
+    def scored(rollouts):
+        batch = TokenBatch.from_sequences(
+            [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0
+        )
+        batch.pixels = stack_pixels(rollouts)
+        logp, _ = trainer.logprobs(batch)
+        return [logp[i][batch.mask[i].bool()] for i in range(len(rollouts))]
+
+    mixed = scored([text[0], image[0], image[1], text[1], image[2]])
+    alone = scored(text) + scored(image)
+    for got, want in zip([mixed[0], mixed[3], mixed[1], mixed[2], mixed[4]], alone):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("freeze", [False, True])
 def test_training_step_updates_the_vision_tower_unless_frozen(setup, freeze):
     folder, rows, ids, loaded = setup

@@ -51,20 +51,20 @@ def reload_images(rollouts, inputs: ImageInputs | None, encode) -> None:
 
 
 def stack_pixels(rollouts) -> dict[str, torch.Tensor]:
-    """The trainer's pixel inputs for a batch of rollouts, one row each ({} for text rollouts). Rows must share
-    one image layout (count and size of images): mixing text and image rows, or different layouts, in one
-    batch is not supported yet and is refused here rather than mis-aligned."""
-    with_images = [r.vision is not None for r in rollouts]
-    if not any(with_images):
+    """The trainer's pixel inputs for a batch of rollouts, one row each ({} for text rollouts). A text row in a
+    batch with image rows gets all-zero pixels: the VL family yatt loads (Idefics3, yatt.models.vision) drops
+    all-zero images as padding before its vision tower, and a text row has no image token to take one. Image
+    rows must share one image layout (count and size of images); different layouts in one batch are refused
+    here rather than mis-aligned."""
+    images = [r.vision.pixels for r in rollouts if r.vision is not None]
+    if not images:
         return {}
-    if not all(with_images):
-        raise ValueError("a training batch mixes text and image prompts; not supported yet")
-    first = rollouts[0].vision.pixels
-    layout = {k: tuple(v.shape[1:]) for k, v in first.items()}
-    for r in rollouts:
-        if {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} != layout:
+    layout = {k: tuple(v.shape[1:]) for k, v in images[0].items()}
+    for pixels in images:
+        if {k: tuple(v.shape[1:]) for k, v in pixels.items()} != layout:
             raise ValueError(
                 f"image prompts of one batch have different image layouts ({layout} vs "
-                f"{ {k: tuple(v.shape[1:]) for k, v in r.vision.pixels.items()} }); not supported yet"
+                f"{ {k: tuple(v.shape[1:]) for k, v in pixels.items()} }); not supported yet"
             )
-    return {k: torch.cat([r.vision.pixels[k] for r in rollouts]) for k in first}
+    padding = {k: torch.zeros_like(v) for k, v in images[0].items()}
+    return {k: torch.cat([(r.vision.pixels if r.vision is not None else padding)[k] for r in rollouts]) for k in layout}
