@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import pyplot, shown, slug, table
+from harness import pyplot, run_training, shown, slug, table
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEDULES = {  # name: overrides
@@ -88,14 +87,8 @@ def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
         *SCHEDULES[name],
         *args.overrides,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
-    with open(work / f"{run_name}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc:
-        tail = (work / f"{run_name}.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"schedule {name!r} failed (exit {rc}); the end of its log:\n{tail}")
-    records = [json.loads(line) for line in (work / run_name / "metrics.jsonl").read_text().splitlines()]
+    records = run_training(cmd, f"schedule {name!r}", work, run_name)
     steps = [r for r in records if r.get("step", 0) > 0 and "time/step_s" in r]
     samples = sum(r["rollout/samples"] for r in steps)
     wall = sum(r["time/step_s"] for r in steps)

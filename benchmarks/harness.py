@@ -65,6 +65,18 @@ def run_worker(name: str, script: Path, worker_args: list[str], result: Path, co
     return [json.loads(rank_result(result, r).read_text()) for r in range(nproc)]
 
 
+def run_training(cmd: list[str], what: str, work: Path, run_name: str) -> list[dict]:
+    """Run one training command (its run dir: work/run_name) with its output in work/run_name.log, one compute
+    thread per process; its metrics.jsonl records. A failure raises with the end of the log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    with open(work / f"{run_name}.log", "w") as log:
+        rc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=log, stderr=subprocess.STDOUT)
+    if rc.returncode:
+        tail = (work / f"{run_name}.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{what} failed (exit {rc.returncode}); the end of its log:\n{tail}")
+    return [json.loads(line) for line in (work / run_name / "metrics.jsonl").read_text().splitlines()]
+
+
 def cell(value) -> str:
     """Floats to 3 decimals, or 3 significant digits when smaller than that shows (a log-prob drift of 1e-6)."""
     if not isinstance(value, float):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import shown, slug, table
+from harness import run_training, shown, slug, table
 
 REPO = Path(__file__).resolve().parents[1]
 HF = ["rollout.engine.backend=hf", "rollout.engine.vllm=null"]
@@ -100,14 +99,8 @@ def run_variant(name: str, args: argparse.Namespace, lr: float, work: Path) -> d
         *overrides,
         *args.overrides,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     start = time.perf_counter()
-    with open(work / f"{run_name}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
-    if rc:
-        tail = (work / f"{run_name}.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"variant {name!r} failed (exit {rc}); the end of its log:\n{tail}")
-    records = [json.loads(line) for line in (work / run_name / "metrics.jsonl").read_text().splitlines()]
+    records = run_training(cmd, f"variant {name!r}", work, run_name)
     steps = [r for r in records if r.get("step", 0) > 0 and "time/step_s" in r]
     timed = [r for r in steps if r["step"] > args.warmup] or steps
     evals = [{"step": r["step"], "accuracy": r["eval/accuracy"]} for r in records if "eval/accuracy" in r]

@@ -7,16 +7,13 @@
 
 import json
 import math
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from e2e import JUDGE_TINY, ONE_TOKEN_GRPO, experiment, genrm_reward, process_tree
+from e2e import JUDGE_TINY, ONE_TOKEN_GRPO, experiment, genrm_reward
 from safetensors.torch import load_file
-from test_checkpoint_resume_e2e import finish, launch
+from test_checkpoint_resume_e2e import finish, kill_while_saving, launch
 
 pytestmark = pytest.mark.engine
 STEPS = 6
@@ -77,19 +74,8 @@ def test_one_step_off_is_one_step_stale_and_resumes_exactly_after_kill_9(config)
     assert all(r["async/staleness_mean"] == 1.0 for r in steps[1:])
 
     run_dir, ckpts = tmp / "chain" / "r", tmp / "chain" / "r" / "checkpoints"
-    proc = launch(tmp, path, "chain", mode, "checkpoint.debug_write_delay_s=1.0")
-    saved = ckpts / "step-00000002"
-
-    def killable() -> bool:  # step 2's checkpoint committed, step 4's being written
-        return (saved / "manifest.json").is_file() and any(".tmp-" in p.name for p in ckpts.iterdir())
-
-    deadline = time.monotonic() + 300
-    while not (ckpts.is_dir() and killable()):
-        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[-3000:]
-        time.sleep(0.02)
-    for pid in process_tree(proc.pid):
-        os.kill(pid, signal.SIGKILL)
-    finish(proc)
+    # step 2's checkpoint committed, step 4's being written
+    saved = kill_while_saving(launch(tmp, path, "chain", mode, "checkpoint.debug_write_delay_s=1.0"), ckpts)
     # the checkpoint holds the batches made ahead with the weights before step 2's (those of steps 3 and 4)
     ahead = json.loads((saved / "rank0.json").read_text())["rollouts"]
     assert ahead["version"] == 2 and sorted(ahead["ready"]) == ["3", "4"]
@@ -116,15 +102,7 @@ run: {{name: r, steps: {STEPS}, eval_every: {STEPS}}}
 """,
     )
     run_dir, ckpts = tmp_path / "resume" / "r", tmp_path / "resume" / "r" / "checkpoints"
-    proc = launch(tmp_path, path, "resume")
-    saved = ckpts / "step-00000002"
-    deadline = time.monotonic() + 300
-    while not (saved / "manifest.json").is_file():
-        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[-3000:]
-        time.sleep(0.02)
-    for pid in process_tree(proc.pid):
-        os.kill(pid, signal.SIGKILL)
-    finish(proc)
+    saved = kill_while_saving(launch(tmp_path, path, "resume", "checkpoint.debug_write_delay_s=1.0"), ckpts)
     for batch in json.loads((saved / "rank0.json").read_text())["rollouts"]["ready"].values():
         for r in batch["rollouts"]:
             versions = r["token_versions"]

@@ -65,6 +65,21 @@ def wait_for(proc: subprocess.Popen, condition, timeout_s: float = 300) -> None:
         time.sleep(0.02)
 
 
+def kill_while_saving(proc: subprocess.Popen, ckpts: Path, committed: int = 2) -> Path:
+    """kill -9 a launch's whole process tree once checkpoint `committed` is on disk and a later one is being
+    written (its staging folder exists: launch with checkpoint.debug_write_delay_s); the committed checkpoint."""
+    saved = ckpts / f"step-{committed:08d}"
+
+    def writing() -> bool:
+        return (saved / "manifest.json").is_file() and any(".tmp-" in p.name for p in ckpts.iterdir())
+
+    wait_for(proc, lambda: ckpts.is_dir() and writing())
+    for pid in process_tree(proc.pid):
+        os.kill(pid, signal.SIGKILL)
+    finish(proc)
+    return saved
+
+
 def comparable(run_dir: Path) -> list[dict]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [{k: v for k, v in r.items() if k != "elapsed_s" and not k.startswith(TIMING)} for r in records]

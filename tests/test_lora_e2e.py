@@ -10,16 +10,13 @@
 """
 
 import math
-import os
-import signal
-import time
 
 import pytest
 import torch
-from e2e import ONE_TOKEN_GRPO, experiment, process_tree
+from e2e import ONE_TOKEN_GRPO, experiment
 from safetensors.torch import load_file
 from test_async_e2e import assert_same_run, records, run
-from test_checkpoint_resume_e2e import finish, launch
+from test_checkpoint_resume_e2e import finish, kill_while_saving, launch
 
 pytestmark = pytest.mark.engine
 STEPS = 4
@@ -76,19 +73,10 @@ def test_lora_with_adapter_syncs_resumes_exactly_after_kill_9(config):
     assert all(math.isfinite(r["actor/grad_norm"]) for r in records(uninterrupted) if r["step"] > 0)
 
     ckpts = tmp / "chain" / "r" / "checkpoints"
-    proc = launch(tmp, path, "chain", *LORA, *HF_ADAPTER, "checkpoint.debug_write_delay_s=1.0")
-    saved = ckpts / "step-00000002"
-
-    def killable() -> bool:  # step 2's checkpoint committed, step 4's being written
-        return (saved / "manifest.json").is_file() and any(".tmp-" in p.name for p in ckpts.iterdir())
-
-    deadline = time.monotonic() + 300
-    while not (ckpts.is_dir() and killable()):
-        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[-3000:]
-        time.sleep(0.02)
-    for pid in process_tree(proc.pid):
-        os.kill(pid, signal.SIGKILL)
-    finish(proc)
+    # step 2's checkpoint committed, step 4's being written
+    saved = kill_while_saving(
+        launch(tmp, path, "chain", *LORA, *HF_ADAPTER, "checkpoint.debug_write_delay_s=1.0"), ckpts
+    )
     out = finish(launch(tmp, path, "chain", *LORA, *HF_ADAPTER))
     assert f"resuming from {saved}" in out and "done:" in out, out[-3000:]
     assert_same_run(uninterrupted, tmp / "chain" / "r")

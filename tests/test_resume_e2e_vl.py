@@ -4,14 +4,10 @@ checkpoint stores rows, not pixels; resuming reads and encodes the images again 
 .reload_images), so the resumed run's metrics and weights equal the uninterrupted run's."""
 
 import json
-import os
-import signal
-import time
 
 import pytest
-from e2e import process_tree
 from test_async_e2e import assert_same_run, records
-from test_checkpoint_resume_e2e import finish, launch
+from test_checkpoint_resume_e2e import finish, kill_while_saving, launch
 
 from yatt.quickstart.sft_vl import run_sft_vl
 from yatt.quickstart.shapes import write_shapes_files
@@ -42,17 +38,8 @@ run: {{name: r, steps: {STEPS}, eval_every: 3}}
     uninterrupted = tmp_path / "full" / "r"
     assert "done:" in finish(launch(tmp_path, config, "full")), uninterrupted
     run_dir, ckpts = tmp_path / "chain" / "r", tmp_path / "chain" / "r" / "checkpoints"
-    proc = launch(tmp_path, config, "chain", "checkpoint.debug_write_delay_s=1.0")
-    saved = ckpts / "step-00000002"
-    deadline = time.monotonic() + 300
-    while not (
-        ckpts.is_dir() and (saved / "manifest.json").is_file() and any(".tmp-" in p.name for p in ckpts.iterdir())
-    ):
-        assert proc.poll() is None and time.monotonic() < deadline, finish(proc)[-3000:]
-        time.sleep(0.02)
-    for pid in process_tree(proc.pid):
-        os.kill(pid, signal.SIGKILL)
-    finish(proc)
+    # step 2's checkpoint committed, step 4's being written
+    saved = kill_while_saving(launch(tmp_path, config, "chain", "checkpoint.debug_write_delay_s=1.0"), ckpts)
     state = json.loads((saved / "rank0.json").read_text())
     held = [r for b in state["rollouts"]["ready"].values() for r in b["rollouts"]]
     assert held and all(r["row"]["images"] and r["vision"] is None for r in held)  # rows, not pixels
