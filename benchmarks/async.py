@@ -60,17 +60,9 @@ WARMUP_STEPS = 3  # left out of the step-time median
 
 def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
     run_name = slug(name)
-    cmd = [
-        sys.executable,
-        "launch/train.py",
-        "--nproc",
-        str(args.nproc),
-        "--config",
-        str(args.config.resolve()),
+    overrides = [
         "--placement",
         "full",
-        "--resume",
-        "none",
         *(
             []
             if args.as_configured
@@ -81,14 +73,11 @@ def run_schedule(name: str, args: argparse.Namespace, work: Path) -> dict:
             ]
         ),
         "checkpoint.every=0",
-        "run.export_policy=false",
-        f"run.output_dir={work}",
-        f"run.name={run_name}",
         *SCHEDULES[name],
         *args.overrides,
     ]
     start = time.perf_counter()
-    records = run_training(cmd, f"schedule {name!r}", work, run_name)
+    records = run_training(f"schedule {name!r}", args.config, args.nproc, overrides, work, run_name)
     steps = [r for r in records if r.get("step", 0) > 0 and "time/step_s" in r]
     samples = sum(r["rollout/samples"] for r in steps)
     wall = sum(r["time/step_s"] for r in steps)

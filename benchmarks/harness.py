@@ -65,15 +65,19 @@ def run_worker(name: str, script: Path, worker_args: list[str], result: Path, co
     return [json.loads(rank_result(result, r).read_text()) for r in range(nproc)]
 
 
-def run_training(cmd: list[str], what: str, work: Path, run_name: str) -> list[dict]:
-    """Run one training command (its run dir: work/run_name) with its output in work/run_name.log, one compute
-    thread per process; its metrics.jsonl records. A failure raises with the end of the log."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+def run_training(what: str, config: Path, nproc: int, overrides: list[str], work: Path, run_name: str) -> list[dict]:
+    """One real run of launch/train.py (`nproc` ranks, from scratch, run dir work/run_name, no final export) with
+    `overrides`, one compute thread per process, its output in work/run_name.log; its metrics.jsonl records. A
+    failure raises with the end of the log."""
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "launch/train.py", "--nproc", str(nproc), "--config", str(config.resolve())]
+    cmd += ["--resume", "none", f"run.output_dir={work}", f"run.name={run_name}", "run.export_policy=false"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     with open(work / f"{run_name}.log", "w") as log:
-        rc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env, stdout=log, stderr=subprocess.STDOUT)
-    if rc.returncode:
+        rc = subprocess.run([*cmd, *overrides], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc:
         tail = (work / f"{run_name}.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"{what} failed (exit {rc.returncode}); the end of its log:\n{tail}")
+        raise RuntimeError(f"{what} failed (exit {rc}); the end of its log:\n{tail}")
     return [json.loads(line) for line in (work / run_name / "metrics.jsonl").read_text().splitlines()]
 
 

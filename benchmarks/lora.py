@@ -79,28 +79,17 @@ def run_variant(name: str, args: argparse.Namespace, lr: float, work: Path) -> d
     if lora:
         overrides = [*overrides, f"model.lora.rank={args.rank}", f"trainer.lr={lr * args.lora_lr_scale}"]
     sent_mib = sync_mib(args.config, [*overrides, *args.overrides])
-    cmd = [
-        sys.executable,
-        "launch/train.py",
-        "--nproc",
-        str(args.nproc),
-        "--config",
-        str(args.config.resolve()),
-        "--resume",
-        "none",
+    settings = [
         f"run.steps={args.steps}",
         f"run.eval_every={max(1, args.steps // 6)}",
         f"checkpoint.every={args.steps}",
         "checkpoint.export_hf=false",
         "checkpoint.async_write=false",
-        "run.export_policy=false",
-        f"run.output_dir={work}",
-        f"run.name={run_name}",
         *overrides,
         *args.overrides,
     ]
     start = time.perf_counter()
-    records = run_training(cmd, f"variant {name!r}", work, run_name)
+    records = run_training(f"variant {name!r}", args.config, args.nproc, settings, work, run_name)
     steps = [r for r in records if r.get("step", 0) > 0 and "time/step_s" in r]
     timed = [r for r in steps if r["step"] > args.warmup] or steps
     evals = [{"step": r["step"], "accuracy": r["eval/accuracy"]} for r in records if "eval/accuracy" in r]
