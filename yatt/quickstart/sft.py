@@ -173,7 +173,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
         if tokenizer.pad_token_id is None:  # padding only fills label -100 positions, so any id will do
             tokenizer.pad_token = tokenizer.eos_token
     else:
-        tokenizer = build_char_tokenizer(cfg.model.alphabet)
+        tokenizer = build_char_tokenizer(cfg.model.alphabet, cfg.model.special_tokens)
         model = build_tiny_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, cfg.seed)
     pad_id = tokenizer.pad_token_id
     params = sum(p.numel() for p in model.parameters())
