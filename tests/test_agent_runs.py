@@ -127,3 +127,17 @@ def test_config_rules(tmp_path):
     with pytest.raises(ValidationError, match="in_flight=resume is not implemented"):
         config(tmp_path, agent=agent, schedule={"mode": "one_step_off", "in_flight": "resume"})
     config(tmp_path, agent=agent, schedule={"mode": "one_step_off"})  # ahead, finishing in flight: composes
+
+
+def test_a_tiny_folder_tokenizer_loads_as_written(tmp_path):
+    """The tool format's newlines survive a tiny policy's folder (AutoTokenizer would rebuild it as a byte-level
+    Qwen2Tokenizer and drop them, yatt.models.tokenizer)."""
+    from yatt.models.tiny import TinyModelConfig, build_char_tokenizer, write_tiny_model
+    from yatt.models.tokenizer import load_tokenizer
+
+    alphabet, specials = "0123456789<>/_\nabcdefghijklmnopqrstuvwxyz", ["<|im_start|>", "<|im_end|>"]
+    folder = write_tiny_model(tmp_path / "m", TinyModelConfig(alphabet=alphabet, special_tokens=specials))
+    text = tool_response_text(["42"], turn_ended=False)
+    built = build_char_tokenizer(alphabet, specials).encode(text, add_special_tokens=False)
+    loaded = load_tokenizer(folder)
+    assert loaded.encode(text, add_special_tokens=False) == built and loaded.decode(built) == text

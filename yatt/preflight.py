@@ -148,10 +148,10 @@ def model_vocab(folder: Path) -> int | None:
 
 def tokenizer_size(folder: Path) -> int | None:
     """Token ids the folder's tokenizer can produce, added tokens included (None without a tokenizer)."""
-    from transformers import AutoTokenizer
+    from yatt.models.tokenizer import load_tokenizer
 
     try:
-        return len(AutoTokenizer.from_pretrained(str(folder)))
+        return len(load_tokenizer(folder))
     except (OSError, ValueError):
         return None
 
