@@ -196,7 +196,8 @@ def test_the_resumed_run_logs_every_step_with_finite_agent_metrics(tool_run):
 
 
 def test_a_user_loop_by_import_path_in_a_real_run(policy, tmp_path_factory):
-    """tests/plugins/my_agent_loop.py: the environment's nudge between the two answers is masked, by token."""
+    """tests/plugins/my_agent_loop.py: the environment's nudge between the two answers is masked, by token; the
+    conversations run on the producer thread of rollout.schedule.mode=one_step_off (ahead of the trainer)."""
     tmp = tmp_path_factory.mktemp("user_loop")
     nudge = "\nsure\n"
     config = experiment(
@@ -206,7 +207,7 @@ def test_a_user_loop_by_import_path_in_a_real_run(policy, tmp_path_factory):
         f"options: {{nudge: {json.dumps(nudge)}}}}}",
         "u.yaml",
     )
-    out = finish(launch(tmp, config, "run.steps=2", "checkpoint.every=100"))
+    out = finish(launch(tmp, config, "run.steps=3", "checkpoint.every=100", "rollout.schedule.mode=one_step_off"))
     assert "done:" in out, out[-4000:]
     tokenizer = load_tokenizer(policy)
     nudge_ids = tokenizer.encode(nudge, add_special_tokens=False)
@@ -216,3 +217,6 @@ def test_a_user_loop_by_import_path_in_a_real_run(policy, tmp_path_factory):
     for r in responses:
         runs = segments(r["response_ids"], r["response_mask"])
         assert [seg for m, seg in runs if m == 0] == [nudge_ids] and r["agent"]["num_turns"] == 2
+    steps = records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in steps] == [0, 1, 2, 3] and steps[-1]["agent/turns_mean"] == 2.0
+    assert steps[-1]["async/staleness_mean"] == 1.0  # generated one step ahead
