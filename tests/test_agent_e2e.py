@@ -10,15 +10,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from e2e import env, process_tree, torchrun_args
+from test_checkpoint_resume_e2e import finish, kill_while_saving, launch
 
 from yatt.models.tokenizer import load_tokenizer
 from yatt.quickstart.products import SPECIAL_TOKENS, product_row, sft_row
@@ -99,22 +95,6 @@ run: {{name: r, steps: {STEPS}, eval_every: 2, samples: 4}}
     return config
 
 
-def launch(tmp: Path, config: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        torchrun_args(config, f"run.output_dir={tmp / 'out'}", *args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env(),
-        cwd=tmp,
-    )
-
-
-def finish(proc: subprocess.Popen) -> str:
-    out, _ = proc.communicate(timeout=900)
-    return out
-
-
 def records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -132,27 +112,15 @@ def segments(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
 
 @pytest.fixture(scope="module")
 def tool_run(policy, tmp_path_factory):
-    """A tool_loop run killed with kill -9 after its first checkpoint, then resumed to the end."""
+    """A tool_loop run killed with kill -9 while its step-4 checkpoint is being written, then resumed from step 2
+    to the end."""
     tmp = tmp_path_factory.mktemp("tool_run")
     config = experiment(tmp, policy, "{kind: tool_loop, max_turns: 2, max_trajectory_tokens: 160, "
                         "tools: {c: {kind: calculator}}}", "tools.yaml")  # fmt: skip
     run_dir = tmp / "out" / "r"
-    proc = launch(tmp, config)
-    ckpts = run_dir / "checkpoints"
-    try:
-        deadline, start = 600, time.monotonic()
-        while not (ckpts.exists() and any((p / "manifest.json").exists() for p in ckpts.glob("step-*"))):
-            assert proc.poll() is None and time.monotonic() - start < deadline, finish(proc)[-4000:]
-            time.sleep(0.2)
-    finally:
-        for pid in process_tree(proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    first = finish(proc)
-    out = finish(launch(tmp, config, "--resume", "auto"))
-    assert "resuming from" in out and "done:" in out, first[-2000:] + out[-4000:]
+    saved = kill_while_saving(launch(tmp, config, "out", "checkpoint.debug_write_delay_s=1.0"), run_dir / "checkpoints")
+    out = finish(launch(tmp, config, "out"))
+    assert f"resuming from {saved}" in out and "done:" in out, out[-4000:]
     return run_dir
 
 
@@ -207,7 +175,9 @@ def test_a_user_loop_by_import_path_in_a_real_run(policy, tmp_path_factory):
         f"options: {{nudge: {json.dumps(nudge)}}}}}",
         "u.yaml",
     )
-    out = finish(launch(tmp, config, "run.steps=3", "checkpoint.every=100", "rollout.schedule.mode=one_step_off"))
+    out = finish(
+        launch(tmp, config, "out", "run.steps=3", "checkpoint.every=100", "rollout.schedule.mode=one_step_off")
+    )
     assert "done:" in out, out[-4000:]
     tokenizer = load_tokenizer(policy)
     nudge_ids = tokenizer.encode(nudge, add_special_tokens=False)
