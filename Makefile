@@ -8,7 +8,7 @@ export OMP_NUM_THREADS := 1
 
 PLACEMENT ?= partial
 
-.PHONY: setup quickstart quickstart-genrm quickstart-vl lint format test test-all clean
+.PHONY: setup quickstart quickstart-genrm quickstart-vl quickstart-tools lint format test test-all clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,13 @@ quickstart-vl: setup
 	test -d models/quickstart-vl || $(PY) -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl
 	$(PY) launch/train.py --nproc 2 --config configs/quickstart_vl.yaml --placement full
 
+# The tool quickstart: writes the 4-digit x 2-digit products once, SFTs the tiny policy to call the calculator on
+# part of them once (launch/sft.py skips an existing folder), then GRPO over tool conversations on 2 ranks.
+quickstart-tools: setup
+	test -f data/products/train.jsonl || $(PY) -m yatt.quickstart.products --out data/products
+	$(PY) launch/sft.py --config configs/sft_quickstart_tools.yaml
+	$(PY) launch/train.py --nproc 2 --config configs/quickstart_tools.yaml --placement full
+
 # ruff (configured in pyproject.toml): lint, and a format check; `make format` rewrites the files
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -50,4 +57,4 @@ test-all: lint
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl data/shapes
+	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl models/quickstart-tools-policy data/shapes data/products

@@ -15,13 +15,15 @@ from yatt.distributed import World
 
 
 def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout]:
-    """Deterministic samples with random tokens, double-precision logprobs and group-shared prompts."""
+    """Deterministic samples with random tokens, double-precision logprobs and group-shared prompts; every other
+    sample an agent loop's, with tool tokens (response mask 0) among its model tokens."""
     rng = random.Random(rank * 1000 + groups)
     out = []
     for _g in range(groups):
         prompt = [rng.randrange(3, 50) for _ in range(rng.randrange(2, 6))]
         for _ in range(unit):
             n = rng.randrange(40, 90) if long else rng.randrange(1, 12)
+            mask = [0] + [rng.randrange(2) for _ in range(n - 1)] if len(out) % 2 else []
             out.append(
                 Rollout(
                     None,
@@ -32,6 +34,7 @@ def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout]
                     reward=float(rng.random() < 0.5),
                     baseline=rng.random(),
                     origin=(rank, len(out)),
+                    response_mask=mask[::-1],
                 )
             )
     return out
@@ -167,7 +170,8 @@ def test_round_trip_keeps_every_sample_once_and_unchanged(two_ranks, name, unit,
     assert sorted(seen) == sorted(originals)  # each exactly once
     for h in held:
         for s in h:
-            assert s == originals[s["origin"]]  # bit-identical: ints, float64 logprobs, reward, baseline, finish reason
+            # bit-identical: ints, float64 logprobs, reward, baseline, finish reason, response mask
+            assert s == originals[s["origin"]]
     assert results[0][name]["after"] < results[0][name]["before"]
     assert all(len(h) > 0 for h in held)  # the empty rank got work
     if unit > 1:  # groups intact: a group's samples are on one rank, consecutive and in order

@@ -66,7 +66,17 @@ def grouped_batch(temperature: float = 1.0) -> TokenBatch:
     return batch
 
 
-BATCHES = {"distinct": ragged_batch, "groups": grouped_batch}
+def masked_batch(temperature: float = 1.0) -> TokenBatch:
+    """GRPO-shaped rows of agent trajectories: inside each response, runs of tool tokens (loss mask 0, as
+    yatt.controllers.policy.token_batch makes them) between model tokens, and a response that starts with them."""
+    batch = grouped_batch(temperature)
+    gen = torch.Generator().manual_seed(4)
+    tool = (torch.rand(batch.mask.shape, generator=gen) < 0.4).float()
+    batch.mask = batch.mask * (1 - tool)
+    return batch
+
+
+BATCHES = {"distinct": ragged_batch, "groups": grouped_batch, "masked": masked_batch}
 
 
 def reference(trainer: TorchTrainer, batch: TokenBatch, weights: torch.Tensor | None = None):

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from yatt.agents.config import AgentConfig
 from yatt.algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
 from yatt.algorithms.base import ComponentConfig
 from yatt.algorithms.grpo import GRPOConfig
@@ -133,6 +134,16 @@ class RolloutConfig(Section):
         "rollout engine in use with the fewest requests in flight.",
     )
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    agent: AgentConfig = Field(
+        default_factory=AgentConfig,
+        description="How a sample's conversation unfolds (yatt.agents, docs/agents.md): single_turn, one "
+        "generate call (the default), or a loop of model turns and tool calls.",
+    )
+
+    @property
+    def multi_turn(self) -> bool:
+        """Whether samples are conversations driven by an agent loop (anything but single_turn)."""
+        return self.agent.kind != "single_turn"
 
 
 class RewardConfig(Section):
@@ -557,10 +568,14 @@ class ExperimentConfig(Section):
             )
         limit = self.rollout.engine.max_model_len
         if limit is not None and self.rollout_tokens > limit:
-            raise ValueError(
-                f"data.max_prompt_tokens + rollout.max_new_tokens = {self.rollout_tokens} exceeds "
-                f"rollout.engine.max_model_len={limit}"
+            what = (
+                "rollout.agent.max_trajectory_tokens"
+                if self.rollout.multi_turn
+                else "data.max_prompt_tokens + rollout.max_new_tokens"
             )
+            raise ValueError(f"{what} = {self.rollout_tokens} exceeds rollout.engine.max_model_len={limit}")
+        if self.rollout.multi_turn:
+            self._check_agent()
         return self
 
     def _check_lora(self) -> None:
@@ -581,6 +596,20 @@ class ExperimentConfig(Section):
                 "adapters itself; use model.lora.sync=merged (or rollout.engine.backend=hf)"
             )
 
+    def _check_agent(self) -> None:
+        """What an agent loop (rollout.agent.kind other than single_turn) does not compose with."""
+        kind, cap = self.rollout.agent.kind, self.rollout.agent.max_trajectory_tokens
+        if cap <= self.data.max_prompt_tokens:
+            raise ValueError(
+                f"rollout.agent.max_trajectory_tokens={cap} leaves no room for a response after "
+                f"data.max_prompt_tokens={self.data.max_prompt_tokens}"
+            )
+        if self.rollout.schedule.in_flight == "resume":
+            raise ValueError(
+                f"rollout.agent.kind={kind} with rollout.schedule.in_flight=resume is not implemented (a "
+                "conversation's turns are separate requests whose per-token versions are not kept); use finish"
+            )
+
     @property
     def uses_critic(self) -> bool:
         """Whether the run trains a value model (critic.enabled, null: when the estimator reads values)."""
@@ -594,8 +623,10 @@ class ExperimentConfig(Section):
 
     @property
     def rollout_tokens(self) -> int:
-        """The longest prompt + response a rollout engine must hold."""
-        return self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        """The longest prompt + response a rollout engine must hold: a whole trajectory with an agent loop (each
+        turn's request is the conversation so far plus at most what the cap leaves)."""
+        single = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        return max(single, self.rollout.agent.max_trajectory_tokens) if self.rollout.multi_turn else single
 
 
 def load_experiment(path: str | Path, overrides: list[str] = (), placement: str | None = None) -> ExperimentConfig:

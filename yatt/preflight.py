@@ -117,8 +117,13 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         raise ConfigError(f"{source}: model.lora: LoRA on a vision-language policy is not supported yet")
     positions = model_positions(cfg.model.path)
     if positions and cfg.rollout_tokens > positions:
+        what = (
+            "rollout.agent.max_trajectory_tokens"
+            if cfg.rollout.multi_turn
+            else "data.max_prompt_tokens + rollout.max_new_tokens"
+        )
         raise ConfigError(
-            f"{source}: data.max_prompt_tokens + rollout.max_new_tokens = {cfg.rollout_tokens} "
+            f"{source}: {what} = {cfg.rollout_tokens} "
             f"(prompt + response tokens) but the model has {positions} positions; lower one of them"
         )
 
@@ -148,10 +153,10 @@ def model_vocab(folder: Path) -> int | None:
 
 def tokenizer_size(folder: Path) -> int | None:
     """Token ids the folder's tokenizer can produce, added tokens included (None without a tokenizer)."""
-    from transformers import AutoTokenizer
+    from yatt.models.tokenizer import load_tokenizer
 
     try:
-        return len(AutoTokenizer.from_pretrained(str(folder)))
+        return len(load_tokenizer(folder))
     except (OSError, ValueError):
         return None
 

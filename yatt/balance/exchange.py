@@ -6,7 +6,7 @@ Protocol (every rank runs the same code):
    deterministic, and its parts are mapped to ranks so that as much work as possible stays in place.
 3. `exchange`: only units whose destination differs from their source travel, point to point
    (`World.exchange`: isend/irecv, gloo has no all_to_all), as two flat CPU tensors per (source, destination) pair:
-   int64 [origin rank, origin index, finish code, prompt ids, response ids] per sample and
+   int64 [origin rank, origin index, finish code, prompt ids, response ids, response mask] per sample and
    float64 [reward, logprobs] per sample, plus for image prompts a float32 buffer of the already-encoded pixel
    inputs (the trainer's, not the image files: a moved sample's images are never read again). No pickle;
    receivers size their buffers from the plan and from the pixel layout the ranks agree on (`_pixel_layout`).
@@ -29,6 +29,8 @@ from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
 from yatt.distributed import World
 
+# what Rollout.finish_reason may be (its code travels): an engine's "stop" | "length" (an agent loop's too), or
+# "abort"; an engine's "interrupted" never reaches a rollout (yatt.engines.resume finishes those samples)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -158,7 +160,10 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
     for s in samples:
         if len(s.rollout_logprobs) != len(s.response_ids):
             raise ValueError(f"sample {s.origin}: {len(s.rollout_logprobs)} logprobs for {len(s.response_ids)} tokens")
+        if s.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"sample {s.origin}: finish_reason {s.finish_reason!r} is none of {FINISH_REASONS}")
         ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), *s.prompt_ids, *s.response_ids]
+        ints += s.loss_mask()  # an agent loop's response mask (all 1 for a single-turn sample)
         floats += [s.reward, s.baseline, *s.rollout_logprobs]
     return torch.tensor(ints, dtype=torch.int64), torch.tensor(floats, dtype=torch.float64)
 
@@ -173,6 +178,7 @@ def _unpack(
         if (ints_l[a], ints_l[a + 1]) != (rank, index):
             raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a : a + 2])}")
         finish, prompt, response = ints_l[a + 2], ints_l[a + 3 : a + 3 + p], ints_l[a + 3 + p : a + 3 + p + r]
+        mask = ints_l[a + 3 + p + r : a + 3 + p + 2 * r]
         out.append(
             Rollout(
                 None,
@@ -183,9 +189,10 @@ def _unpack(
                 reward=floats_l[b],
                 baseline=floats_l[b + 1],
                 origin=(rank, index),
+                response_mask=mask if 0 in mask else [],
             )
         )
-        a, b = a + 3 + p + r, b + 2 + r
+        a, b = a + 3 + p + 2 * r, b + 2 + r
     return out
 
 
@@ -267,7 +274,7 @@ def _unpack_pixels(flat: torch.Tensor, samples: list[Rollout], layout: PixelLayo
 
 def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
     pairs = [lengths[rank][i] for rank, i in origins]
-    return sum(3 + p + r for p, r in pairs), sum(2 + r for _, r in pairs)
+    return sum(3 + p + 2 * r for p, r in pairs), sum(2 + r for _, r in pairs)
 
 
 def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayout | None = None) -> list[Rollout]:

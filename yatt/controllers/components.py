@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoTokenizer
 
 from yatt.algorithms.objective import Algorithm
 from yatt.config import ExperimentConfig
 from yatt.controllers.critic import Critic
 from yatt.distributed import World
 from yatt.engines.client import spawn_engine
+from yatt.models.tokenizer import load_tokenizer
 from yatt.placement.engine_lifecycle import EngineServices, Spawn
 from yatt.trainers import TRAINERS
 from yatt.trainers.base import Trainer
@@ -73,7 +73,7 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
     bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20  # the engines load the policy in buckets this big
     engines = EngineServices(cfg, world, run_dir, spawn, policy_weights=lambda: trainer.engine_weights(bucket_bytes))
     return Components(
-        tokenizer=AutoTokenizer.from_pretrained(str(cfg.model.path)),
+        tokenizer=load_tokenizer(cfg.model.path),
         trainer=trainer,
         ref=ref,
         engines=engines,

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import time
 
+from yatt.agents.base import AgentLoop
 from yatt.controllers.images import load_batch_images
+from yatt.controllers.metrics import agent_metrics, agent_sums
 from yatt.controllers.rollouts import generate_rollouts, score_rollouts
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
@@ -32,14 +34,16 @@ def evaluate_greedy(
     image_inputs: ImageInputs | None,
     greedy: SamplingSpec,
     tokenizer,
+    agent: AgentLoop | None = None,
 ) -> tuple[dict[str, float], list[Rollout]]:
-    """The evaluation's metrics (the same on every rank) and this rank's scored rollouts (for samples.jsonl)."""
+    """The evaluation's metrics (the same on every rank) and this rank's scored rollouts (for samples.jsonl).
+    `agent`: greedy conversations of that loop (rollout.agent), with their tool-call counts as eval/agent/*."""
     start, rollouts = time.perf_counter(), []
     if rows:  # a rank may hold no held-out rows; it still joins the sums
         images = load_batch_images(rows, image_inputs, prompt_ids)  # read for this evaluation only
         with placement.own("rollout"):
             rollouts = generate_rollouts(
-                engines.pool(ROLLOUT, [world.rank]), rows, prompt_ids, greedy, tokenizer, None, images
+                engines.pool(ROLLOUT, [world.rank]), rows, prompt_ids, greedy, tokenizer, None, images, agent
             )
         score_rollouts(rollouts)
     sums = summed(
@@ -50,4 +54,7 @@ def evaluate_greedy(
             "count": float(len(rollouts)),
         },
     )
-    return {**eval_metrics(sums), "time/eval_s": time.perf_counter() - start}, rollouts
+    metrics = {**eval_metrics(sums), "time/eval_s": time.perf_counter() - start}
+    if agent is not None:
+        metrics.update(agent_metrics(summed(world, agent_sums(rollouts)), "eval/agent"))
+    return metrics, rollouts

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from yatt.agents.base import AgentLoop
 from yatt.config import RolloutConfig
+from yatt.controllers.conversations import ConversationPool
 from yatt.controllers.rollouts import group_rollouts
 from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
@@ -145,8 +147,11 @@ def generate_and_judge(
     first_group: int = 0,
     before_judging: Callable[[], None] | None = None,
     images: list[PromptImages | None] | None = None,
+    agent: AgentLoop | None = None,
 ) -> tuple[list[Rollout], GenerationStats]:
     """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in.
+    `agent`: each sample is a conversation of that loop on the rollout engines (yatt.controllers.conversations),
+    a group going to the judges once its G conversations have ended; None: one request per prompt (single_turn).
     `images`: the rows' loaded images (yatt.controllers.images); engines get the placeholder ids and the bytes,
     the rollouts the expanded ids and the pixels. `first_group`: the index of rows[0]'s group in the data-parallel
     rank's batch (GroupShare), so a judge's seeds do not depend on how the batch was split."""
@@ -154,6 +159,7 @@ def generate_and_judge(
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
     images = images or [None] * len(rows)
+    rollout_pool = ConversationPool(rollout_pool, agent) if agent is not None else rollout_pool
     rollout_pool.submit(
         [
             Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)

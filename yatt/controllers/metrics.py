@@ -145,6 +145,40 @@ def step_metrics(
     return metrics
 
 
+def agent_sums(rollouts: list[Rollout]) -> dict[str, float]:
+    """This rank's agent-loop counts to sum over ranks (rollouts as generated and rewarded, before balancing).
+    A useful call is a well-formed call that ran without error, in a trajectory with a full reward (>= 1)."""
+    stat = lambda r, name: r.agent_stats.get(name, 0.0)
+    ok = lambda r: stat(r, "tool_calls") - stat(r, "tool_errors")
+    return {
+        "samples": float(len(rollouts)),
+        "turns": sum(stat(r, "num_turns") for r in rollouts),
+        "calls": sum(stat(r, "tool_calls") for r in rollouts),
+        "malformed": sum(stat(r, "malformed_tool_calls") for r in rollouts),
+        "errors": sum(stat(r, "tool_errors") for r in rollouts),
+        "useful": sum(ok(r) for r in rollouts if r.reward >= 1.0),
+        "with_call": float(sum(stat(r, "tool_calls") + stat(r, "malformed_tool_calls") > 0 for r in rollouts)),
+        "env_tokens": float(sum(len(r.response_mask) - sum(r.response_mask) for r in rollouts)),
+        "resp_tokens": float(sum(len(r.response_ids) for r in rollouts)),
+    }
+
+
+def agent_metrics(s: dict[str, float], prefix: str) -> dict[str, float]:
+    """The agent loop's metrics from `agent_sums` summed over ranks: turns and calls per sample, and the fractions
+    of the calls written (well-formed or not) that parsed, ran without error, and were useful."""
+    written = max(s["calls"] + s["malformed"], 1.0)
+    samples = max(s["samples"], 1.0)
+    return {
+        f"{prefix}/turns_mean": s["turns"] / samples,
+        f"{prefix}/tool_calls_per_sample": (s["calls"] + s["malformed"]) / samples,
+        f"{prefix}/samples_with_call_frac": s["with_call"] / samples,
+        f"{prefix}/wellformed_call_frac": s["calls"] / written,
+        f"{prefix}/ok_call_frac": (s["calls"] - s["errors"]) / written,
+        f"{prefix}/useful_call_frac": s["useful"] / written,
+        f"{prefix}/tool_token_frac": s["env_tokens"] / max(s["resp_tokens"], 1.0),
+    }
+
+
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

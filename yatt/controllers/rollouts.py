@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import hashlib
 
+from yatt.agents.base import AgentLoop, Trajectory
 from yatt.balance.exchange import Plan, rebalance
 from yatt.config import BalanceConfig
+from yatt.controllers.conversations import ConversationPool, agent_rollouts
 from yatt.data.images import PromptImages
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rollout import Rollout
@@ -35,14 +37,17 @@ def generate_rollouts(
     tokenizer,
     seeds: list[int] | None,
     images: list[PromptImages | None] | None = None,
+    agent: AgentLoop | None = None,
 ) -> list[Rollout]:
     """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)). `images`: the
-    rows' loaded images (yatt.controllers.images), None for text rows.
+    rows' loaded images (yatt.controllers.images), None for text rows. `agent`: each sample is a conversation
+    of that loop (yatt.controllers.conversations); None: one generate call (single_turn).
 
     Through a pool, so an engine that dies during the call is replaced (or its prompts re-routed) and only
     its unanswered prompts are sent again, with the same seeds: the result is what a live engine gives."""
     seeds = seeds if seeds is not None else [None] * len(prompt_ids)
     images = images or [None] * len(rows)
+    pool = ConversationPool(pool, agent) if agent is not None else pool
     pool.submit(
         [
             Request(f"p{i}", ids, seed, sampling, im.images if im else None)
@@ -58,10 +63,16 @@ def generate_rollouts(
 
 
 def group_rollouts(
-    row: PromptRow, prompt_ids: list[int], image: PromptImages | None, completions: list[Completion], tokenizer
+    row: PromptRow,
+    prompt_ids: list[int],
+    image: PromptImages | None,
+    completions: list[Completion] | list[Trajectory],
+    tokenizer,
 ) -> list[Rollout]:
-    """One prompt's rollouts from its engine completions: an image prompt's samples carry the expanded ids and
-    share its one PromptImages (the images are not copied per sample)."""
+    """One prompt's rollouts from its engine completions (or an agent loop's trajectories): an image prompt's
+    samples carry the expanded ids and share its one PromptImages (the images are not copied per sample)."""
+    if completions and isinstance(completions[0], Trajectory):
+        return agent_rollouts(row, prompt_ids, completions)
     return [
         Rollout(
             row,
@@ -93,10 +104,12 @@ def set_greedy_baselines(
     prompt_ids: list[list[int]],
     images: list[PromptImages | None],
     tokenizer,
+    agent: AgentLoop | None = None,
 ) -> None:
-    """ReMax, in place: one greedy response per prompt, generated right after its group and scored by the rule
-    verifier (the config allows ReMax with reward.kind=rule only); its reward is each sample's baseline."""
-    responses = generate_rollouts(pool, rows, prompt_ids, greedy, tokenizer, None, images)
+    """ReMax, in place: one greedy response per prompt (a greedy conversation with an agent loop), generated
+    right after its group and scored by the rule verifier (the config allows ReMax with reward.kind=rule only);
+    its reward is each sample's baseline."""
+    responses = generate_rollouts(pool, rows, prompt_ids, greedy, tokenizer, None, images, agent)
     score_rollouts(responses)
     for i, g in enumerate(responses):
         for r in rollouts[i * group_size : (i + 1) * group_size]:

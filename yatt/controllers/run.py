@@ -20,7 +20,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import AutoTokenizer
 
 from yatt.checkpoint.aside import drop_aside, set_aside
 from yatt.checkpoint.checkpointer import Checkpointer, PreemptionFlag
@@ -33,6 +32,7 @@ from yatt.controllers.shard import ControllerShard
 from yatt.controllers.sinks import open_sinks
 from yatt.data.prepare import load_rank_data
 from yatt.distributed import World, data_parallel_world, model_parallel_world
+from yatt.models.tokenizer import load_tokenizer
 
 UNSPLIT_ENV = "YATT_UNSPLIT_GENERATION"
 # what a run writes into its directory and a fresh start replaces (logs/ and the run secret stay)
@@ -102,7 +102,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     # and before any engine starts (every prompt is tokenized). With tensor/pipeline parallelism the ranks of one
     # model-parallel group share one data-parallel slice.
     data_world = data_parallel_world(world, *cfg.trainer.model_parallel)
-    data = load_rank_data(cfg, data_world, AutoTokenizer.from_pretrained(str(cfg.model.path)))
+    data = load_rank_data(cfg, data_world, load_tokenizer(cfg.model.path))
     checkpoints = Checkpointer(cfg, world, on_commit=partial(drop_aside, run_dir))
     found = checkpoints.find(resume, overwrite)  # verified, config-compatible; `none` over checkpoints needs overwrite
     start_step = found[1] if found else 0

@@ -2,7 +2,8 @@
 
 Each eval appends, from rank 0's shard, `run.samples` held-out prompts with the greedy response and its
 verifier score (split "eval"), and `run.samples` of the step's training prompts with all their sampled
-responses, rewards, rule scores and judge scores (split "train"). One JSON object per line.
+responses, rewards, rule scores and judge scores (split "train"; with an agent loop also each trajectory's ids,
+response mask and tool-call counts, its text being the last model turn). One JSON object per line.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ def _prompt(row: PromptRow) -> dict:
 
 
 def _response(r: Rollout) -> dict:
-    return {
+    out = {
         "text": r.text,
         "reward": r.reward,
         "rule_score": r.rule_score,
@@ -27,6 +28,9 @@ def _response(r: Rollout) -> dict:
         "finish_reason": r.finish_reason,
         "tokens": len(r.response_ids),
     }
+    if r.agent_stats:  # an agent loop's trajectory: every id and its mask (1 model, 0 tool/environment), the counts
+        out.update(response_ids=r.response_ids, response_mask=r.loss_mask(), agent=r.agent_stats)
+    return out
 
 
 def sample_records(step: int, eval_rollouts: list[Rollout], train_rollouts: list[Rollout], count: int) -> list[dict]:

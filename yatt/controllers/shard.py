@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from yatt.agents import build_loop
+from yatt.agents.base import TokenizerCodec
 from yatt.checkpoint.export import PolicyWriter, policy_writer
 from yatt.checkpoint.snapshot import Snapshot
 from yatt.config import ExperimentConfig
@@ -23,7 +25,7 @@ from yatt.controllers.dynamic_sampling import DynamicSampler, in_groups, reduce_
 from yatt.controllers.evaluation import evaluate_greedy
 from yatt.controllers.generation import GenerationStats, GroupShare, assign_rewards, generate_placed, sampling_specs
 from yatt.controllers.images import load_batch_images
-from yatt.controllers.metrics import STAGES, StageTimer, step_metrics, step_reductions
+from yatt.controllers.metrics import STAGES, StageTimer, agent_metrics, agent_sums, step_metrics, step_reductions
 from yatt.controllers.minibatches import mini_batches
 from yatt.controllers.policy import advantage_input, old_logprobs, policy_update, token_batch
 from yatt.controllers.rollouts import encode_prompts, rebalance_groups, sample_seed, set_greedy_baselines
@@ -94,6 +96,9 @@ class ControllerShard(ShardState):
         dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id)
+        # rollout.agent: each sample a conversation of this loop (yatt.controllers.conversations); None: single_turn
+        codec = TokenizerCodec(self.tokenizer)
+        self.agent = build_loop(cfg.rollout.agent, codec) if cfg.rollout.multi_turn else None
         self.samples_trained = self.last_step = 0
         self.rollouts = rollout_schedule(cfg.rollout.schedule, self._batch, 0, cfg.run.steps)
         if cfg.rollout.schedule.in_flight == "resume":  # requests in flight at a push resume on the new weights
@@ -109,6 +114,8 @@ class ControllerShard(ShardState):
         metrics, balance_metrics = self.consume(rollouts, step, timer)
         metrics.update(self._placement_metrics(step, batch, timer))
         metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, rollouts)))
+        if self.agent is not None:  # from the rollouts as generated (balancing moves no agent counts)
+            metrics.update(agent_metrics(summed(self.world, agent_sums(rollouts)), "agent"))
         self.last_step = step
         return {**metrics, **sampling_metrics, **balance_metrics}
 
@@ -199,11 +206,12 @@ class ControllerShard(ShardState):
             split = self.schedule.split_for(self.rollouts.settled(step))  # the same on every rank
             where = (self.engines, self.engine_placement, split, self.devices.rank, self.judges)
             tags = dict(step=step, round_=round_, run_seed=cfg.run.seed, first_group=share.start)  # judge seeds
-            rollouts, stats = generate_placed(*where, seeds=seeds, sampling=self.sampling, **tags, **prompts)
+            sampling, agent = self.sampling, self.agent
+            rollouts, stats = generate_placed(*where, seeds=seeds, sampling=sampling, agent=agent, **tags, **prompts)
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
                 with self.engine_placement.own("rollout"):
                     pool = self.engines.pool(ROLLOUT, [self.devices.rank])
-                    set_greedy_baselines(rollouts, pool, self.greedy, cfg.rollout.group_size, **prompts)
+                    set_greedy_baselines(rollouts, pool, self.greedy, cfg.rollout.group_size, **prompts, agent=agent)
             rollouts, stats = self.producer_group.gather(rollouts, stats)
         with timer("reward"):
             weights = {j.name: j.weight for j in cfg.reward.judges}
@@ -237,7 +245,9 @@ class ControllerShard(ShardState):
         share, where = self.group.share(len(self.eval_rows)), (self.group.sums, self.engines, self.engine_placement)
         rows, ids = self.eval_rows[share], self.eval_prompt_ids[share]
         with self.rollouts.engines:
-            metrics, self.last_eval = evaluate_greedy(*where, rows, ids, self.image_inputs, self.greedy, self.tokenizer)
+            metrics, self.last_eval = evaluate_greedy(
+                *where, rows, ids, self.image_inputs, self.greedy, self.tokenizer, self.agent
+            )
         return metrics
 
     def export_policy(self, folder: Path) -> None:

@@ -12,8 +12,9 @@ from yatt.data.rows import PromptRow
 class Rollout:
     """One sampled response to a prompt, from generation to the loss.
 
-    A rollout that load balancing moved to another rank carries only what training needs (ids, log-probs,
-    reward, finish reason): its `row` is None and its text empty there.
+    A rollout that load balancing moved to another rank carries only what training needs (ids, log-probs, the
+    response mask, reward, finish reason): its `row` is None and its text empty there. With an agent loop `text`
+    is the last model turn (what the reward reads) and the response holds every turn and tool response.
     """
 
     row: PromptRow | None
@@ -35,6 +36,16 @@ class Rollout:
     # an image prompt's loaded images (yatt.controllers.images.PromptImages; the group's samples share one), read
     # for this step and dropped with the rollout; prompt_ids are then the expanded ids
     vision: Any = None
+    # an agent loop's trajectory (rollout.agent): 1 where the model sampled response_ids[i] (trained on), 0 where
+    # the environment added it (tool responses: context, never loss; rollout_logprobs 0.0 there); empty: all 1
+    response_mask: list[int] = field(default_factory=list)
+    # an agent loop's counts for this trajectory (yatt.agents.base.Trajectory: num_turns, tool_calls,
+    # malformed_tool_calls, tool_errors); empty for single_turn
+    agent_stats: dict[str, float] = field(default_factory=dict)
+
+    def loss_mask(self) -> list[int]:
+        """Per response id: 1 where the trainer scores it (model tokens), 0 for environment tokens."""
+        return self.response_mask or [1] * len(self.response_ids)
 
     def to_dict(self) -> dict:
         """Plain JSON-able data (for state that checkpoints carry, e.g. the dynamic-sampling queue); an image

@@ -66,7 +66,7 @@ class HFEngine:
     """
 
     def __init__(self, model_path: str, cfg: EngineConfig, seed: int) -> None:
-        from transformers import AutoTokenizer
+        from yatt.models.tokenizer import load_tokenizer
 
         t0 = time.perf_counter()
         torch.set_num_threads(cfg.threads)
@@ -84,7 +84,7 @@ class HFEngine:
             raise ValueError(f"max_model_len={cfg.max_model_len} exceeds the model's {positions} positions")
         self.max_model_len = int(cfg.max_model_len or positions or 1 << 31)
         try:
-            self.eos_token_id: int | None = AutoTokenizer.from_pretrained(self.model_path).eos_token_id
+            self.eos_token_id: int | None = load_tokenizer(self.model_path).eos_token_id
         except (OSError, ValueError):  # a folder without tokenizer files
             self.eos_token_id = None
         gen_eos = _as_ids(getattr(self.model.generation_config, "eos_token_id", None))

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from transformers import AutoTokenizer
-
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.config import EngineConfig
 from yatt.genrm.config import JudgeConfig
 from yatt.genrm.mixing import mean_over_repeats
 from yatt.genrm.template import render
+from yatt.models.tokenizer import load_tokenizer
 
 
 @dataclass
@@ -31,7 +30,7 @@ def judge_engine(cfg: JudgeConfig) -> EngineConfig:
 class Judge:
     def __init__(self, cfg: JudgeConfig):
         self.cfg = cfg
-        self.tokenizer = AutoTokenizer.from_pretrained(str(cfg.model))
+        self.tokenizer = load_tokenizer(cfg.model)
         self.sampling = SamplingSpec(
             n=cfg.repeats,
             temperature=cfg.temperature,

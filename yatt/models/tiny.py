@@ -24,6 +24,11 @@ class TinyModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     alphabet: str = Field(DEFAULT_ALPHABET, description="Characters of the vocabulary, one token each.")
+    special_tokens: list[str] = Field(
+        default_factory=list,
+        description="More tokens of one id each, matched in text before its characters (e.g. a chat format's "
+        "<|im_start|> and <|im_end|>); decoding without special tokens drops them.",
+    )
     hidden_size: int = Field(128, gt=0)
     intermediate_size: int = Field(384, gt=0)
     num_hidden_layers: int = Field(4, gt=0)
@@ -33,8 +38,9 @@ class TinyModelConfig(BaseModel):
     tie_word_embeddings: bool = True
 
 
-def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
-    """A tokenizer that maps every character of `alphabet` to one token; specials come first."""
+def build_char_tokenizer(alphabet: str, special_tokens: list[str] = ()) -> PreTrainedTokenizerFast:
+    """A tokenizer that maps every character of `alphabet` to one token; specials come first, `special_tokens`
+    last."""
     if len(set(alphabet)) != len(alphabet):
         raise ValueError(f"alphabet has repeated characters: {alphabet!r}")
     vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, *alphabet])}
@@ -42,9 +48,12 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     # Every character is its own pre-token, and decoding glues tokens back without spaces.
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=PAD
     )
+    if special_tokens:
+        tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    return tokenizer
 
 
 def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id: int, seed: int) -> Qwen2ForCausalLM:
@@ -70,7 +79,7 @@ def write_tiny_model(folder: str | Path, cfg: TinyModelConfig | None = None, see
     """Write a randomly initialised tiny model and its tokenizer as an HF folder; returns the folder."""
     cfg = cfg or TinyModelConfig()
     folder = Path(folder)
-    tokenizer = build_char_tokenizer(cfg.alphabet)
+    tokenizer = build_char_tokenizer(cfg.alphabet, cfg.special_tokens)
     model = build_tiny_model(cfg, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from yatt.config_loading import dump_config
 from yatt.data.errors import DataError
@@ -29,6 +29,7 @@ from yatt.data.jsonl import read_jsonl_shard
 from yatt.data.rows import PromptRow
 from yatt.data.sft import encode_examples, eval_prompt
 from yatt.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from yatt.models.tokenizer import load_tokenizer
 from yatt.rewards.rules import answers_match as exact_match  # noqa: F401  (the exact_match rule on text)
 from yatt.rewards.rules import score
 
@@ -168,12 +169,12 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
     """Train, evaluate, stop on the accuracy threshold, write the HF folder; returns the summary."""
     start = time.perf_counter()
     if cfg.init_from is not None:  # any Hugging Face causal LM folder (e.g. a yatt model to continue)
-        tokenizer = AutoTokenizer.from_pretrained(str(cfg.init_from))
+        tokenizer = load_tokenizer(cfg.init_from)
         model = AutoModelForCausalLM.from_pretrained(str(cfg.init_from), dtype=torch.float32)
         if tokenizer.pad_token_id is None:  # padding only fills label -100 positions, so any id will do
             tokenizer.pad_token = tokenizer.eos_token
     else:
-        tokenizer = build_char_tokenizer(cfg.model.alphabet)
+        tokenizer = build_char_tokenizer(cfg.model.alphabet, cfg.model.special_tokens)
         model = build_tiny_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, cfg.seed)
     pad_id = tokenizer.pad_token_id
     params = sum(p.numel() for p in model.parameters())

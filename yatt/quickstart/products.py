@@ -1,0 +1,83 @@
+"""4-digit x 2-digit products, the tool quickstart's task: a tiny policy cannot multiply, the calculator can.
+
+Rows are yatt JSONL prompt rows (``{"prompt": "1234*56=", "answer": "69104", "data_source": "exact_match"}``);
+the reward reads the last model turn (yatt.agents: `final_text`). `write_products_files` writes:
+- ``sft.jsonl``: the warm-up (`configs/sft_quickstart_tools.yaml`). A fraction `call_fraction` of its rows is
+  a whole tool conversation in the exact text `rollout.agent.kind=tool_loop` builds (a call to the calculator,
+  named ``c``, the end of turn, the tool-response turn, the answer copied from it); the other rows answer
+  directly, which a model this size gets mostly wrong. The policy so learns the call format but calls on only
+  part of the prompts: GRPO with the tool loop then raises how often it calls, and with it the accuracy.
+- ``train.jsonl`` (RL prompts) and ``eval.jsonl`` (held out); no (a, b) pair is in two files.
+
+    python -m yatt.quickstart.products --out data/products [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from yatt.models.tiny import EOS
+from yatt.quickstart.addition import write_jsonl
+from yatt.tools.hermes import tool_response_text
+
+TOOL = "c"  # the calculator's name in configs/quickstart_tools.yaml (short: every character is a token)
+DEFAULT_SIZES = {"sft": 20000, "train": 20000, "eval": 500}
+# the tiny tokenizer's specials: the chat turns the tool loop writes (one id each)
+SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>"]
+
+
+def tool_call_text(a: int, b: int) -> str:
+    """The model's turn that calls the calculator, compact JSON (what `yatt.tools.hermes` parses)."""
+    call = json.dumps({"name": TOOL, "arguments": {"expression": f"{a}*{b}"}}, separators=(",", ":"))
+    return f"<tool_call>{call}</tool_call>"
+
+
+def product_row(a: int, b: int) -> dict:
+    return {"prompt": f"{a}*{b}=", "answer": str(a * b), "data_source": "exact_match"}
+
+
+def sft_row(a: int, b: int, call: bool) -> dict:
+    """A warm-up row: the whole conversation (model turn ended by the end-of-sequence token, the tool loop's
+    environment text, the answer) or a direct answer."""
+    row = product_row(a, b)
+    if call:
+        environment = tool_response_text([str(a * b)], turn_ended=False)
+        row["answer"] = f"{tool_call_text(a, b)}{EOS}{environment}{a * b}"
+    return row
+
+
+def product_pairs(count: int, rng: random.Random, taken: set) -> list[tuple[int, int]]:
+    pairs = []
+    while len(pairs) < count:
+        pair = (rng.randint(1000, 9999), rng.randint(10, 99))
+        if pair not in taken:
+            taken.add(pair)
+            pairs.append(pair)
+    return pairs
+
+
+def write_products_files(out: str | Path, seed: int = 0, call_fraction: float = 0.5, sizes: dict | None = None) -> None:
+    sizes = {**DEFAULT_SIZES, **(sizes or {})}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng, taken = random.Random(seed), set()
+    pairs = {split: product_pairs(n, rng, taken) for split, n in sizes.items()}
+    write_jsonl(out / "sft.jsonl", [sft_row(a, b, rng.random() < call_fraction) for a, b in pairs["sft"]])
+    for split in ("train", "eval"):
+        write_jsonl(out / f"{split}.jsonl", [product_row(a, b) for a, b in pairs[split]])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="data/products")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--call-fraction", type=float, default=0.5)
+    args = parser.parse_args()
+    write_products_files(args.out, args.seed, args.call_fraction)
+
+
+if __name__ == "__main__":
+    main()
