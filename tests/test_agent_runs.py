@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,10 +15,13 @@ from test_agents import CODEC, PROMPT, TURN_1, TURN_2, Scripted, tool_loop
 from yatt.agents.base import Trajectory
 from yatt.config import ExperimentConfig
 from yatt.controllers.conversations import ConversationPool, agent_rollouts, conversation_seed
+from yatt.controllers.generation import judged_text
 from yatt.controllers.policy import token_batch
+from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.pool import Request
+from yatt.genrm.config import JudgeConfig
 from yatt.tools.hermes import tool_response_text
 
 SAMPLING = SamplingSpec(n=4, temperature=1.0, max_tokens=200, logprobs=True)
@@ -102,6 +106,19 @@ def test_rollouts_and_the_loss_mask_by_token():
     bad = Trajectory(PROMPT, [1, 2], [1], [0.0, 0.0])
     with pytest.raises(ValueError, match="2 response ids, 1 mask entries"):
         agent_rollouts(row, PROMPT, [bad])
+
+
+def test_a_judge_reads_the_final_turn_or_the_whole_trajectory(tmp_path):
+    """judges[].reads: final gives {response} the last model turn; trajectory the whole response, with the tool
+    call, the tool's answer and the turn markers."""
+    t = tool_loop().run(PROMPT, Scripted(CODEC, TURN_1, TURN_2), 200, 0)
+    row = PromptRow(index=0, prompt="q", messages=None, answer="69104", data_source="exact_match")
+    [r] = agent_rollouts(row, PROMPT, [t])
+    judge = lambda reads: SimpleNamespace(cfg=JudgeConfig(model=tmp_path, template="{response}", reads=reads))  # noqa: E731
+    assert judged_text(r, judge("final"), CODEC) == "69104"
+    assert judged_text(r, judge("trajectory"), CODEC) == TURN_1 + tool_response_text(["69104"]) + TURN_2
+    single = Rollout(row, PROMPT, CODEC.encode("42"), [0.0, 0.0], "stop", text="42")
+    assert judged_text(single, judge("trajectory"), CODEC) == "42"  # a single-turn rollout: the same either way
 
 
 def config(tmp_path, **rollout) -> ExperimentConfig:

@@ -173,7 +173,7 @@ def generate_and_judge(
                 [
                     Request(
                         f"s{step}r{round_}/g{g}/{j}",
-                        lane.judge.prompt_ids(r.row.question(), r.row.answer, r.text),
+                        lane.judge.prompt_ids(r.row.question(), r.row.answer, judged_text(r, lane.judge, tokenizer)),
                         judge_seed(run_seed, step, round_ * 1_000_000 + first_group + g, j, name),
                         lane.judge.sampling,
                     )
@@ -227,6 +227,14 @@ def generate_and_judge(
         for key, value in pool.take_metrics(prefix).items():
             stats.pools[key] = stats.pools.get(key, 0.0) + value
     return rollouts, stats
+
+
+def judged_text(rollout: Rollout, judge: Judge, tokenizer) -> str:
+    """The response a judge reads (judges[].reads): the last model turn (Rollout.text), or a multi-turn
+    rollout's whole response, tool turns included, with its turn markers."""
+    if judge.cfg.reads == "final" or not rollout.response_mask:
+        return rollout.text
+    return tokenizer.decode(rollout.response_ids, skip_special_tokens=False)
 
 
 def sampling_specs(rollout: RolloutConfig, eos: int) -> tuple[SamplingSpec, SamplingSpec]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -28,6 +28,12 @@ class JudgeConfig(BaseModel):
     max_tokens: int = Field(8, gt=0, description="Longest judge output.")
     unparseable_score: float = Field(0.0, description="Score of an unreadable verdict (counted in metrics).")
     weight: float = Field(1.0, ge=0.0, description="Weight of this judge in the reward mix.")
+    reads: Literal["final", "trajectory"] = Field(
+        "final",
+        description="What {response} is for a multi-turn rollout (rollout.agent): final, the last model turn; "
+        "trajectory, the whole response (model turns, tool calls and tool responses) as decoded. The same for a "
+        "single-turn rollout.",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="The judge's engine processes.")
 
     @field_validator("template")
