@@ -170,7 +170,7 @@ def test_a_socket_is_refused(cfg):
 
 
 def test_writing_outside_the_directory_is_refused(cfg):
-    outside = f"/tmp/yatt-escape-{uuid.uuid4().hex}"
+    outside = os.path.join(tempfile.gettempdir(), f"yatt-escape-{uuid.uuid4().hex}")
     cases = {
         f"open({outside!r}, 'w').write('x')": f"python: writing {outside!r} is not allowed",
         f"import os\nos.open({outside!r}, os.O_CREAT | os.O_WRONLY)": f"python: writing {outside!r} is not allowed",
@@ -204,7 +204,8 @@ def test_other_escapes_are_refused(cfg, monkeypatch):
     )
     assert run("import gc\ngc.get_objects()", cfg).result.error == "python: gc.get_objects is not allowed"
     sqlite = "import sqlite3\nsqlite3.connect({!r}).execute('create table t (x)')"
-    assert run(sqlite.format("/tmp/x.db"), cfg).result.error == "python: opening '/tmp/x.db' is not allowed"
+    outside = os.path.join(tempfile.gettempdir(), "x.db")
+    assert run(sqlite.format(outside), cfg).result.error == f"python: opening {outside!r} is not allowed"
     assert run(sqlite.format("file:/etc/x?mode=ro"), cfg).result.error == "python: an sqlite URI is not allowed"
     assert run(sqlite.format(":memory:"), cfg).result.ok and run(sqlite.format("in.db"), cfg).result.ok
     assert run("import dbm\ndbm.open('x', 'c')", cfg).result.error == "python: the dbm module is not allowed"
