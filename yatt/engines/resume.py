@@ -71,10 +71,6 @@ class ResumingPool:
         self.interrupting = False
         self.resumes = 0  # continuation requests, for unique pool keys
 
-    @property
-    def max_queue(self) -> int:
-        return self.pool.max_queue
-
     def in_flight(self) -> int:
         return len(self.samples)
 
@@ -134,6 +130,3 @@ class ResumingPool:
 
     def take_metrics(self, prefix: str) -> dict[str, float]:
         return self.pool.take_metrics(prefix)
-
-    def close(self) -> None:
-        self.pool.close()
