@@ -3,9 +3,9 @@
 A prompt with images travels as *placeholder ids* (one image token per image, what the chat template gives)
 plus the images' encoded bytes (PNG/JPEG as stored). Whoever runs the model expands it with the model's own
 processor: vLLM does it internally; the hf engine and the trainer call `ImageInputs.encode`, which gives the
-expanded ids (what the model sees and the trainer scores) and the pixel tensors. The expansion is done per image
-with the processor (text = the image token alone) and spliced in at each placeholder, so it works on token ids,
-whatever text the ids came from.
+expanded ids (what the model sees and the trainer scores) and the pixel tensors (masks as bool). The expansion
+is done per image with the processor (text = the image token alone) and spliced in at each placeholder, so it
+works on token ids, whatever text the ids came from.
 """
 
 from __future__ import annotations
@@ -65,7 +65,13 @@ class ImageInputs:
             enc = self.processor(text=[IMAGE_PLACEHOLDER], images=[[image]], add_special_tokens=False,
                                  return_tensors="pt")
             out.extend(int(t) for t in enc["input_ids"][0])
-            parts.append({k: v for k, v in enc.items() if k not in ("input_ids", "attention_mask")})
+            parts.append({k: _compact(k, v) for k, v in enc.items() if k not in ("input_ids", "attention_mask")})
         # one prompt's images side by side along the image axis (dim 1), as the processor batches them
         pixels = {k: torch.cat([p[k] for p in parts], dim=1) for k in parts[0]} if parts else {}
         return out, pixels
+
+
+def _compact(key: str, tensor: torch.Tensor) -> torch.Tensor:
+    """A processor's pixel mask (e.g. Idefics3's pixel_attention_mask, int64: 8 bytes a pixel, more than the
+    pixels' float32) as bool: the same mask, and the vision tower only tests it for non-zero."""
+    return tensor.bool() if key.endswith("attention_mask") and not tensor.is_floating_point() else tensor
