@@ -1,5 +1,6 @@
-"""Balancing image rollouts (2 gloo processes): moved samples carry their encoded pixel inputs, bit for bit, and
-the images themselves are never read again on the receiving rank."""
+"""Balancing image rollouts (2 gloo processes): moved samples carry their encoded pixel inputs, bit for bit, a
+group's samples share them again on arrival, and the images themselves are never read again on the receiving
+rank."""
 
 import json
 
@@ -57,6 +58,7 @@ def _worker(rank: int, tmp: str) -> None:
                 "origin": list(s.origin),
                 "prompt": s.prompt_ids,
                 "images": s.vision.images,
+                "shared": id(s.vision),
                 "pixels": {k: [list(v.shape), str(v.dtype), v.flatten().tolist()] for k, v in s.vision.pixels.items()},
             }
             for s in held
@@ -97,6 +99,11 @@ def test_moved_image_samples_carry_their_pixels(tmp_path):
                 assert values == ref.vision.pixels[key].flatten().tolist()  # bit-identical
             # kept samples still hold their image bytes; moved ones only the encoded inputs
             assert s["images"] == (["png-bytes"] if origin[0] == rank else [])
+        # a group's samples share one PromptImages after the move too (the trainer's batch holds its pixels once)
+        groups = {}
+        for s in res["held"]:
+            groups.setdefault((s["origin"][0], s["origin"][1] // 2), set()).add(s["shared"])
+        assert all(len(ids) == 1 for ids in groups.values()) and len(set.union(*groups.values())) == len(groups)
     assert sorted(seen) == sorted(originals) and any(
         o[0] == 0 for o in (tuple(s["origin"]) for s in results[1]["held"])
     )

@@ -261,15 +261,25 @@ def _pack_pixels(samples: list[Rollout], layout: PixelLayout) -> torch.Tensor:
 
 
 def _unpack_pixels(flat: torch.Tensor, samples: list[Rollout], layout: PixelLayout) -> None:
-    at = 0
+    """Each received sample's pixel inputs. Consecutive samples of one prompt (a group: same prompt, same
+    pixels) share one PromptImages again, as they did on the rank that sent them, so the trainer's batch holds
+    the prompt's pixels once (yatt.controllers.images.stack_pixels); each is its own copy, not a view that would
+    keep the whole receive buffer alive."""
+    at, previous = 0, None
     for s in samples:
-        pixels = {}
+        part = flat[at : at + layout.floats]
+        at += layout.floats
+        if previous is not None and previous[0].prompt_ids == s.prompt_ids and torch.equal(previous[1], part):
+            s.vision = previous[0].vision
+            continue
+        pixels, offset = {}, 0
         for key, dtype, shape in layout.parts:
             n = math.prod(shape)
-            pixels[key] = flat[at : at + n].reshape(shape).to(dtype)
-            at += n
+            pixels[key] = part[offset : offset + n].reshape(shape).to(dtype, copy=True)
+            offset += n
         # the images themselves stay with the rank that read them; training needs only the encoded inputs
         s.vision = PromptImages([], [], list(s.prompt_ids), pixels)
+        previous = (s, part)
 
 
 def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
