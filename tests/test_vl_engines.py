@@ -56,7 +56,7 @@ def _trainer_logprobs(trainer, loaded, groups) -> list[torch.Tensor]:
         for c in group
     ]
     batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0)
-    batch.pixels = stack_pixels(rollouts)
+    batch.pixels, batch.image_index = stack_pixels(rollouts)
     logp, _ = trainer.logprobs(batch)
     return [logp[i][batch.mask[i].bool()] for i in range(len(rollouts))]
 
@@ -154,11 +154,12 @@ def test_vllm_seeded_sampling_of_many_image_prompts(tmp_path):
     assert len(first) == 64 and all(len(g) == 8 for g in first)
 
 
-def test_text_and_image_rows_share_one_training_batch(setup):
-    """A mixed batch: each row's log-probs equal what it gets in a batch of its own kind (text rows get all-zero
-    pixels, which the model drops as padding images)."""
+@pytest.mark.parametrize("packed", [True, False])
+def test_text_and_image_rows_share_one_training_batch(setup, packed):
+    """A mixed batch, one micro-batch: each row's log-probs equal what it gets in a batch of its own kind (text
+    rows take no pixels), packed and padded."""
     folder, rows, ids, loaded = setup
-    trainer = TorchTrainer(folder, TrainerConfig(), WORLD, trainable=False)
+    trainer = TorchTrainer(folder, TrainerConfig(pack_sequences=packed, micro_batch_size=8), WORLD, trainable=False)
     tok = AutoTokenizer.from_pretrained(folder)
     text = [Rollout(None, tok("how many squares?", add_special_tokens=False).input_ids, [5, 6, 7], [0.0] * 3, "stop")]
     text.append(Rollout(None, tok("2+2=", add_special_tokens=False).input_ids, [8, 9], [0.0] * 2, "stop"))
@@ -168,13 +169,14 @@ def test_text_and_image_rows_share_one_training_batch(setup):
         batch = TokenBatch.from_sequences(
             [r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0
         )
-        batch.pixels = stack_pixels(rollouts)
+        batch.pixels, batch.image_index = stack_pixels(rollouts)
         logp, _ = trainer.logprobs(batch)
         return [logp[i][batch.mask[i].bool()] for i in range(len(rollouts))]
 
-    mixed = scored([text[0], image[0], image[1], text[1], image[2]])
+    image.insert(1, Rollout(None, loaded[0].prompt_ids, [7], [0.0], "stop", vision=loaded[0]))  # a group of two
+    mixed = scored([text[0], image[0], image[1], image[2], text[1], image[3]])
     alone = scored(text) + scored(image)
-    for got, want in zip([mixed[0], mixed[3], mixed[1], mixed[2], mixed[4]], alone):
+    for got, want in zip([mixed[0], mixed[4], mixed[1], mixed[2], mixed[3], mixed[5]], alone):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
@@ -182,11 +184,11 @@ def test_text_and_image_rows_share_one_training_batch(setup):
 def test_training_step_updates_the_vision_tower_unless_frozen(setup, freeze):
     folder, rows, ids, loaded = setup
     trainer = TorchTrainer(folder, TrainerConfig(lr=1e-2, pack_sequences=True), WORLD, freeze_vision=freeze)
-    assert not trainer.packed  # a VL policy trains on the padded path
+    assert trainer.packed  # a VL policy packs like a text one
     before = {n: t.clone() for n, t in trainer.named_weights()}
     rollouts = [Rollout(None, im.prompt_ids, [5, 6, 7], [0.0] * 3, "length", vision=im) for im in loaded]
     batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id=0)
-    batch.pixels = stack_pixels(rollouts)
+    batch.pixels, batch.image_index = stack_pixels(rollouts)
 
     def loss_fn(logp, entropy, mb):
         return -(logp * mb.mask).sum(), {}
@@ -225,6 +227,6 @@ def test_a_placeholder_token_in_a_response_is_scored_as_the_engines_fed_it(setup
     trainer = TorchTrainer(folder, TrainerConfig(), WORLD, trainable=False)
     rollout = Rollout(None, im.prompt_ids, response, [0.0] * 4, "length", vision=im)
     batch = TokenBatch.from_sequences([rollout.prompt_ids], [response], pad_id=0)
-    batch.pixels = stack_pixels([rollout])
+    batch.pixels, batch.image_index = stack_pixels([rollout])
     got = trainer.logprobs(batch)[0][0][batch.mask[0].bool()]
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

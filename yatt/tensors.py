@@ -6,7 +6,9 @@ controllers can all speak these types without importing each other (docs/archite
 A `TokenBatch` holds prompt+response sequences, right-padded, with per-token tensors aligned to targets.
 Per-token tensors have shape [B, L-1]: column t belongs to target token input_ids[:, t+1], predicted
 from the logits at position t. `mask` is 1 where that target is a response token. A batch of image prompts
-also carries `pixels`: the processor's image tensors, one row per sequence (yatt.models.vision).
+also carries `pixels`: the processor's image tensors once per distinct image prompt (yatt.models.vision), and
+`image_index`: the pixel row each sequence's prompt takes its images from (-1: a text row). The G samples of a
+prompt share one pixel row, so a batch holds a prompt's pixels once, not G times.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ class TokenBatch:
     # the sampling temperature of the responses: log-probs are of softmax(logits / temperature), the
     # distribution the engine sampled from (1.0 for data that was not sampled, e.g. SFT)
     temperature: float = 1.0
-    # image prompts: the vision inputs the model takes next to input_ids (e.g. pixel_values), [B, ...] each;
-    # every row has the same image layout (count and size); empty for text
+    # image prompts: the vision inputs the model takes next to input_ids (e.g. pixel_values), [P, ...] each, one
+    # row per distinct image prompt, all of one image layout (count and size); empty for text
     pixels: dict[str, Tensor] = field(default_factory=dict)
+    image_index: Tensor | None = None  # [B] long: each row's pixel row, -1 for a text row; None: no pixels
 
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
@@ -67,13 +70,15 @@ class TokenBatch:
         rows = torch.as_tensor(rows, dtype=torch.long)
         width = int(self.attention_mask[rows].sum(dim=1).max()) if len(rows) else 2
         extras = {k: (v[rows, : width - 1] if v.dim() == 2 else v[rows]) for k, v in self.extras.items()}
+        pixels, index = select_pixels(self.pixels, self.image_index, rows)
         return TokenBatch(
             self.input_ids[rows, :width],
             self.attention_mask[rows, :width],
             self.mask[rows, : width - 1],
             extras,
             self.temperature,
-            {k: v[rows] for k, v in self.pixels.items()},
+            pixels,
+            index,
         )
 
     def lengths(self) -> list[int]:
@@ -88,7 +93,24 @@ class TokenBatch:
             {k: v.to(device) for k, v in self.extras.items()},
             self.temperature,
             {k: v.to(device) for k, v in self.pixels.items()},
+            None if self.image_index is None else self.image_index.to(device),
         )
+
+
+def select_pixels(
+    pixels: dict[str, Tensor], index: Tensor | None, rows: Tensor
+) -> tuple[dict[str, Tensor], Tensor | None]:
+    """The pixel rows that `rows` use, in their order in `pixels`, and the rows' indices into them: a sub-batch
+    holds each of its prompts' pixels once, and none of the others'."""
+    if index is None or not pixels:
+        return {}, None
+    index = index[rows]
+    used, inverse = torch.unique(index[index >= 0], return_inverse=True)
+    if not len(used):
+        return {}, None
+    index = index.clone()
+    index[index >= 0] = inverse
+    return {k: v[used.to(v.device)] for k, v in pixels.items()}, index
 
 
 # (logprobs [B, L-1] float32 with grad: log-prob of each target token under softmax(logits / mb.temperature)

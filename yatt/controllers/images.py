@@ -50,15 +50,24 @@ def reload_images(rollouts, inputs: ImageInputs | None, encode) -> None:
         r.vision = shared[key]
 
 
-def stack_pixels(rollouts) -> dict[str, torch.Tensor]:
-    """The trainer's pixel inputs for a batch of rollouts, one row each ({} for text rollouts). A text row in a
-    batch with image rows gets all-zero pixels: the VL family yatt loads (Idefics3, yatt.models.vision) drops
-    all-zero images as padding before its vision tower, and a text row has no image token to take one. Image
-    rows must share one image layout (count and size of images); different layouts in one batch are refused
-    here rather than mis-aligned."""
-    images = [r.vision.pixels for r in rollouts if r.vision is not None]
+def stack_pixels(rollouts) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+    """The trainer's pixel inputs for a batch of rollouts (TokenBatch.pixels and .image_index): each distinct
+    image prompt's pixels once, and per rollout the row of its prompt's (-1 for a text rollout); ({}, None)
+    without image rollouts. The G samples of a prompt share one PromptImages (load_batch_images, reload_images,
+    a balancing exchange), so they share one row. Image prompts must share one image layout (count and size
+    of images); different layouts in one batch are refused here rather than mis-aligned."""
+    rows: dict[int, int] = {}  # id(PromptImages) -> its pixel row
+    images, index = [], []
+    for r in rollouts:
+        if r.vision is None:
+            index.append(-1)
+            continue
+        if id(r.vision) not in rows:
+            rows[id(r.vision)] = len(images)
+            images.append(r.vision.pixels)
+        index.append(rows[id(r.vision)])
     if not images:
-        return {}
+        return {}, None
     layout = {k: tuple(v.shape[1:]) for k, v in images[0].items()}
     for pixels in images:
         if {k: tuple(v.shape[1:]) for k, v in pixels.items()} != layout:
@@ -66,5 +75,4 @@ def stack_pixels(rollouts) -> dict[str, torch.Tensor]:
                 f"image prompts of one batch have different image layouts ({layout} vs "
                 f"{ {k: tuple(v.shape[1:]) for k, v in pixels.items()} }); not supported yet"
             )
-    padding = {k: torch.zeros_like(v) for k, v in images[0].items()}
-    return {k: torch.cat([(r.vision.pixels if r.vision is not None else padding)[k] for r in rollouts]) for k in layout}
+    return {k: torch.cat([p[k] for p in images]) for k in layout}, torch.tensor(index, dtype=torch.long)

@@ -21,13 +21,14 @@ from yatt.trainers.base import Trainer
 
 
 def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float) -> TokenBatch:
-    """What the trainer reads: prompt + response ids, the images' pixels, and the engine's log-probs.
+    """What the trainer reads: prompt + response ids, the images' pixels (once per prompt), and the engine's
+    log-probs.
 
     The loss mask (`batch.mask`) is the response positions AND each rollout's response mask (agent loops: 0 on
     tool and environment tokens), so those tokens get no policy loss, KL, entropy or IS weight, and their
     log-probs are neither computed by the trainer nor read from the engine's."""
     batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id)
-    batch.pixels = stack_pixels(rollouts)
+    batch.pixels, batch.image_index = stack_pixels(rollouts)
     batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
     if any(r.response_mask for r in rollouts):  # laid out under the response positions, before they change
         batch.mask = batch.mask * batch.per_token([r.loss_mask() for r in rollouts])

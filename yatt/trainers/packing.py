@@ -22,6 +22,11 @@ prompts the micro-batch also carries `cu_seq_lens_*`, what transformers' flash-a
 
 Either way only the positions whose next token is a response token (`mb.mask`) reach the output head:
 prompt positions need no log-prob.
+
+Image prompts pack the same way: a prompt's image tokens are tokens of its prompt, laid down once per group
+with the rest of it, and `ModelInputs.tokens` lays per-token values (where each image feature goes) out like
+the ids. Only the decoder takes the packed attention; the vision tower runs apart, on whole images
+(`attention_implementation` gives it plain SDPA).
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ class ModelInputs:
     targets: Tensor  # [M] the token each selected position predicts
     rows: Tensor  # [M] where each score goes in the micro-batch's [B, L-1] per-token tensors
     cols: Tensor  # [M]
+    owner: Tensor | None = None  # packed: [B, L] bool, the tokens the packed row lays down (row-major)
+
+    def tokens(self, values: Tensor) -> Tensor:
+        """Per-token values of the micro-batch's [B, L] layout in the model's input layout ([1, N] packed)."""
+        return values if self.owner is None else values[self.owner][None]
 
 
 @dataclass
@@ -63,7 +73,8 @@ class PackedLayout:
 
 def shared_prompts(mb: TokenBatch) -> list[int]:
     """Tokens each row shares with the row before it: its prompt (the tokens before its first scored target),
-    when both rows have responses and the same prompt; else 0."""
+    when both rows have responses and the same prompt (same ids and, for image prompts, the same pixel row:
+    two image prompts may expand to the same ids); else 0."""
     if len(mb) == 0:
         return []
     scored = mb.mask.bool()
@@ -72,6 +83,8 @@ def shared_prompts(mb: TokenBatch) -> list[int]:
     ids, cols = mb.input_ids, torch.arange(mb.input_ids.shape[1], device=mb.input_ids.device)
     same = ((ids[1:] == ids[:-1]) | (cols >= prompt[1:, None])).all(dim=1) & (prompt[1:] == prompt[:-1])
     shares = same & has_response[1:] & has_response[:-1]
+    if mb.image_index is not None:
+        shares &= mb.image_index[1:] == mb.image_index[:-1]
     return [0] + torch.where(shares, prompt[1:], 0).tolist()
 
 
@@ -110,7 +123,7 @@ def model_inputs(mb: TokenBatch, packed: bool, share_prompts: bool = False) -> M
     if not any(shares):  # what flash-attention's varlen kernel reads (no use for shared prompts)
         cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
-    return ModelInputs(kwargs, token_index[rows, cols], targets, rows, cols)
+    return ModelInputs(kwargs, token_index[rows, cols], targets, rows, cols, owner)
 
 
 def packed_attention(
@@ -147,17 +160,21 @@ def _mask(*args: Any, attention_mask: Tensor | None = None, **kwargs: Any) -> Te
     return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
-def attention_implementation(device: torch.device, share_prompts: bool = False) -> str:
+def attention_implementation(
+    device: torch.device, share_prompts: bool = False, vision: bool = False
+) -> str | dict[str, str]:
     """flash_attention_2 where its varlen kernel is installed (CUDA) and no prompt is shared, else the SDPA
-    path above (shared prompts need the layout's copies, which cu_seq_lens cannot express)."""
+    path above (shared prompts need the layout's copies, which cu_seq_lens cannot express). A vision-language
+    model gets it for its decoder (text_config) only; its vision tower attends over whole images with SDPA."""
+    implementation = ATTENTION
     if device.type == "cuda" and not share_prompts:
         try:
             import flash_attn  # noqa: F401
 
-            return "flash_attention_2"
+            implementation = "flash_attention_2"
         except ImportError:
             pass
-    return ATTENTION
+    return {"text_config": implementation, "vision_config": "sdpa"} if vision else implementation
 
 
 AttentionInterface.register(ATTENTION, packed_attention)

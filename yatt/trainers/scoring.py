@@ -10,6 +10,7 @@ same as from full logits; the peak is one chunk's [chunk_tokens, V] instead of [
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,6 +55,17 @@ def head_scores(
     return torch.cat(logps), torch.cat(ents) if with_entropy else None
 
 
+@dataclass
+class ImageSlots:
+    """A micro-batch's images as the scorer takes them: the vision tower's inputs, one row per distinct image
+    prompt, and for each token of the model's input (its [B, L] or packed [1, N] layout) the image feature it
+    takes: prompt row x per_prompt + the slot's rank within its prompt, or -1 (the token's own embedding)."""
+
+    pixels: dict[str, Tensor]  # [P, ...] each
+    source: Tensor  # long, the layout of input_ids
+    per_prompt: int  # image tokens per prompt (every image prompt of a batch has one image layout)
+
+
 class TokenScorer(nn.Module):
     """A Hugging Face causal LM seen as (model inputs, scored positions) -> per-token log-probs [M].
 
@@ -74,7 +86,7 @@ class TokenScorer(nn.Module):
     def forward(
         self, model_kwargs: dict[str, Any], select: Tensor, targets: Tensor, temperature: float, with_entropy: bool
     ) -> tuple[Tensor, Tensor | None]:
-        if "image_slots" in model_kwargs:
+        if "images" in model_kwargs:
             model_kwargs = self._merge_images(dict(model_kwargs))
         hidden = self.lm.get_decoder()(**model_kwargs, use_cache=False).last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, select)
@@ -84,16 +96,23 @@ class TokenScorer(nn.Module):
 
     def _merge_images(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A vision-language model's decoder inputs: token embeddings with the vision tower's features in the
-        prompt's image slots only. The model's own merge would also fill a placeholder token that a response
-        happens to contain, which the engines embedded as a plain token when they sampled it."""
-        slots, ids = kwargs.pop("image_slots"), kwargs.pop("input_ids")
-        pixels = {k: kwargs.pop(k) for k in [k for k in kwargs if k.startswith("pixel_")]}
-        embeds = self.lm.get_input_embeddings()(ids)
-        features = self.lm.model.get_image_features(**pixels, return_dict=True).pooler_output
+        prompts' image slots only. The tower runs once per distinct prompt (`images.pixels` rows), and each
+        slot takes its feature by index, so a prompt's G samples, or the one copy of it a packed group lays
+        down, share one encoding; its gradient is the sum over the slots that read it. The model's own merge
+        would also fill a placeholder token that a response happens to contain, which the engines embedded as
+        a plain token when they sampled it."""
+        images: ImageSlots = kwargs.pop("images")
+        embeds = self.lm.get_input_embeddings()(kwargs.pop("input_ids"))
+        features = self.lm.model.get_image_features(**images.pixels, return_dict=True).pooler_output
         features = features.reshape(-1, embeds.shape[-1]).to(embeds.dtype)
-        if features.shape[0] != int(slots.sum()):
-            raise ValueError(f"{int(slots.sum())} image slots in the prompts for {features.shape[0]} image features")
-        kwargs["inputs_embeds"] = embeds.masked_scatter(slots[..., None].expand_as(embeds), features)
+        prompts = next(iter(images.pixels.values())).shape[0]
+        if features.shape[0] != prompts * images.per_prompt:
+            raise ValueError(
+                f"{images.per_prompt} image slots per prompt for {features.shape[0] // max(prompts, 1)} image features"
+            )
+        slots = images.source >= 0
+        taken = features.index_select(0, images.source[slots])
+        kwargs["inputs_embeds"] = embeds.masked_scatter(slots[..., None].expand_as(embeds), taken)
         return kwargs
 
 

@@ -4,10 +4,11 @@ AdamW, micro-batches.
 Implements `yatt.trainers.base.Trainer`. Every rank holds the whole model and optimizer state (DDP keeps
 them identical), so checkpoints store them once and weights go to engines from the local copy.
 
-A vision-language policy (yatt.models.vision) trains on the padded path: packing lays sequences end to end
-through the decoder's attention only, and the vision tower's attention must not see the packed-attention
-hooks, so `pack_sequences` is ignored for it (stated in `self.packed`). Its micro-batches carry the pixel
-inputs with the ids; the vision tower trains unless `freeze_vision`.
+A vision-language policy (yatt.models.vision) packs like a text one: its micro-batches carry each distinct
+image prompt's pixels once (TokenBatch.pixels, .image_index), the vision tower encodes each of them once per
+micro-batch, and each row's image slots take their prompt's features (yatt.trainers.scoring.ImageSlots); with
+shared prompts a group's prompt, image tokens included, goes through the decoder once. The packed attention is
+the decoder's only; the vision tower trains unless `freeze_vision`.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from yatt.models.lora_config import LoRAConfig
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_buckets
 from yatt.trainers.lora import AdapterOff, Adapters
-from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
-from yatt.trainers.scoring import TokenScorer, ValueScorer
+from yatt.trainers.packing import ModelInputs, attention_implementation, model_inputs, shared_prompts
+from yatt.trainers.scoring import ImageSlots, TokenScorer, ValueScorer
 
 HEADS = ("lm", "value")
 
@@ -96,10 +97,12 @@ class TorchTrainer:
     ):
         self.cfg, self.world, self.trainable, self.head = cfg, world, trainable, head
         self.vision = is_vision_model(model_path)
-        self.packed = cfg.pack_sequences and not self.vision
+        self.packed = cfg.pack_sequences
         self.share_prompts = self.packed and cfg.share_prompts
         extra = (
-            {"attn_implementation": attention_implementation(world.device, self.share_prompts)} if self.packed else {}
+            {"attn_implementation": attention_implementation(world.device, self.share_prompts, self.vision)}
+            if self.packed
+            else {}
         )
         # the model chain: load -> freeze -> adapters -> checkpointing -> data parallel -> optimizer
         self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
@@ -163,14 +166,7 @@ class TorchTrainer:
         zero outside mb.mask."""
         inputs = model_inputs(mb, self.packed, self.share_prompts)
         if mb.pixels:
-            dtype = next(self.module.parameters()).dtype
-            inputs.kwargs.update({k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()})
-            # image features go into the prompts' placeholders only, never into a response token that is one
-            response = torch.zeros_like(mb.attention_mask, dtype=torch.bool)
-            response[:, 1:] = mb.mask.bool()
-            inputs.kwargs["image_slots"] = (
-                (mb.input_ids == self.module.config.image_token_id) & ~response & mb.attention_mask.bool()
-            )
+            inputs.kwargs["images"] = self._image_slots(mb, inputs)
         autocast = (
             torch.autocast(self.world.device.type, dtype=torch.bfloat16)
             if self.cfg.autocast == "bfloat16"
@@ -183,6 +179,25 @@ class TorchTrainer:
             return mb.mask.new_zeros(mb.mask.shape).index_put((inputs.rows, inputs.cols), values)
 
         return place(logp), place(ent) if with_entropy else None
+
+    def _image_slots(self, mb: TokenBatch, inputs: ModelInputs) -> ImageSlots:
+        """Where mb's image features go: the placeholders of each image row's prompt, in order, take its pixel
+        row's features; never a response token that is one (the engines embedded it as a plain token)."""
+        response = torch.zeros_like(mb.attention_mask, dtype=torch.bool)
+        response[:, 1:] = mb.mask.bool()
+        slots = (mb.input_ids == self.module.config.image_token_id) & ~response & mb.attention_mask.bool()
+        counts = slots.sum(dim=1)
+        image_rows = mb.image_index >= 0
+        per_prompt = int(counts[image_rows][0]) if bool(image_rows.any()) else 0
+        if bool((counts != torch.where(image_rows, per_prompt, 0)).any()):
+            raise ValueError(
+                f"image slots per row {counts.tolist()} do not fit the rows' images (pixel rows "
+                f"{mb.image_index.tolist()}): every image prompt needs one layout, a text row none"
+            )
+        source = torch.where(slots, mb.image_index[:, None] * per_prompt + slots.cumsum(dim=1) - 1, -1)
+        dtype = next(self.module.parameters()).dtype
+        pixels = {k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()}
+        return ImageSlots(pixels, inputs.tokens(source), per_prompt)
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask)."""
