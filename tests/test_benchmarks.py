@@ -237,6 +237,18 @@ def test_step_time_rl_runs(tmp_path):
     assert "megatron TP=2 / all (defaults), median step time: **" in report
 
 
+def test_vl_step(tmp_path):
+    """The VL step's per-rank figures at a tiny size, this checkout's two paths (no baseline checkout here)."""
+    args = ["--prompts", "4", "--image-size", "56", "--group-size", "2", "--response-tokens", "4", "--steps", "1"]
+    out = run("vl_step.py", *args, "--variants", "padded", "packed", "--out", str(tmp_path / "vl"), cwd=tmp_path)
+    rows = results(tmp_path / "vl.json", tmp_path)["variants"]
+    assert [r["variant"] for r in rows] == ["padded", "packed"] and "packed" in out
+    for r in rows:
+        assert r["samples_per_rank"] == [4, 4] and r["step_s"] > 0 and r["logprob_diff_max"] < 1e-4
+        assert r["batch_pixel_dtypes"]["pixel_attention_mask"] == "torch.bool"
+        assert r["batch_pixel_mib"] == r["rollout_pixel_mib"] > 0  # each prompt's pixels once
+
+
 def test_committed_results_hold_no_machine_paths():
     """benchmarks/results/ is published: a path of the box that measured it means nothing elsewhere."""
     texts = [p for p in (BENCH / "results").iterdir() if p.suffix in (".json", ".md")]
