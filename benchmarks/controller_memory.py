@@ -13,7 +13,8 @@ Workload (benchmarks/image_workload.py, written to a temporary folder): --prompt
 yatt.models.tiny_vl with image_size = --image-size, patch 14 and pixel shuffle 4 (64 image tokens at 448), so that
 its real Idefics3 processor keeps the images at full size (no splitting, no downscaling) and gives per image what
 a real policy's would: a float32 pixel_values of 3 x 448 x 448 (2.4 MB) and a pixel_attention_mask of 448 x 448
-(int64 as transformers returns it, 1.6 MB). Its weights are tiny and random: no model runs here.
+(bool as yatt.models.vision keeps it, 0.2 MB; the committed results predate that and hold transformers' int64,
+1.6 MB). Its weights are tiny and random: no model runs here.
 
 Variants, each in fresh processes, one after the other:
 - parallel, DP = N: `torchrun --nproc_per_node N` of this file; each rank runs a controller shard's data path
@@ -31,8 +32,8 @@ Variants, each in fresh processes, one after the other:
 Not run: engines, generation and training. The responses are a stand-in: G completions of --response-tokens
 token ids per prompt (drawn from the tiny policy's vocabulary, so the ids are small cached ints, as for any
 vocabulary below 257 ids; a real vocabulary's ids cost 28 more bytes each) with log-probs, turned into rollouts
-by group_rollouts, the code generation uses. Not built: the trainer's TokenBatch, whose stack_pixels gives each
-of a prompt's G rows its own copy of the prompt's pixels (G times the pixel bytes measured here, per rank).
+by group_rollouts, the code generation uses. Not built: the trainer's TokenBatch, which holds each prompt's
+pixels once more (stack_pixels; benchmarks/vl_step.py measures it).
 
 Measured per process, in MiB above its idle size: the process imports everything, joins its process group,
 builds the tokenizer and processor and encodes one throwaway image (lazy imports, allocator warm-up); then it reads

@@ -6,7 +6,8 @@ Backends are registered in `yatt.trainers.TRAINERS` under the name `trainer.back
 vision-language policy's vision tower fixed. A backend whose registry entry declares `lora` (yatt.backends) is
 also given `lora=` (yatt.models.lora_config.LoRAConfig, model.lora) when it is on, and then has `reference()`:
 the frozen reference as the policy with its adapter off (log-probs, offload/onload), instead of a second model.
-Batches of image prompts carry `TokenBatch.pixels`. A backend knows nothing about RL: the controller hands it
+Batches of image prompts carry `TokenBatch.pixels` once per distinct prompt and `TokenBatch.image_index` per row.
+A backend knows nothing about RL: the controller hands it
 a loss function, so the policy objective, a value loss or an SFT loss run through the same update.
 
 `head` says what the model computes per response token. "lm": a causal LM, whose per-token outputs are
