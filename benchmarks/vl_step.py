@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -194,6 +195,12 @@ def agreement(rows: list[dict]) -> None:
         r["logprob_diff_max"] = max(float((a - b).abs().max()) if len(a) else 0.0 for a, b in zip(mine, reference))
 
 
+def command(args: argparse.Namespace) -> str:
+    """The command line as the results show it: the baseline checkout named by a placeholder, not its path."""
+    argv = [a if a != str(args.baseline_code) else "<baseline checkout>" for a in sys.argv[1:]]
+    return shlex.join(["python", "benchmarks/vl_step.py", *(shown(a) if a.startswith("/") else a for a in argv)])
+
+
 def commit_of(folder: Path) -> str:
     """The checkout's commit (and '+changes' when its tree differs from it), for the results."""
     git = ["git", "-C", str(folder)]
@@ -254,6 +261,8 @@ def main() -> int:
     md = [
         f"# VL step: {args.prompts} prompts x one {args.image_size}-px image, G = {args.group_size}, "
         f"{args.response_tokens}-token responses, {args.nproc} ranks ({rows[0]['device']})\n",
+        f"{time.strftime('%Y-%m-%d')}, commit {results['code']['this'][:7]} (today: "
+        f"{results['code'].get('baseline', 'not run')[:7]}): `OMP_NUM_THREADS=1 {command(args)}`\n",
         table(
             rows,
             [
