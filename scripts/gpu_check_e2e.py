@@ -2,6 +2,7 @@
 
     python scripts/gpu_check_e2e.py [--steps 30] [--out DIR] [--config configs/quickstart.yaml] [--model DIR]
         [--trainer-backend torch|megatron] [--dtype bfloat16|float32] [--max-logprob-diff X] [--composed]
+        [--schedule sync|one_step_off|async]
 
 Runs `torchrun --nproc_per_node 1 launch/train.py` (so the process group is real: NCCL for model tensors,
 gloo for metadata, world size 1) on the quickstart config for `--steps` steps with the `hf` rollout engine
@@ -27,6 +28,14 @@ judged by its GenRM judges on hf engines in --dtype (judging between rollout and
 placement), with balancing on and `checkpoint.export_hf`; it also checks
 - judged: every step's samples went through the judges (genrm/judged > 0);
 - export loads: the last checkpoint's policy/ folder loads with transformers and gives finite logits.
+
+With --schedule one_step_off (or async), rollout runs ahead of the trainer (rollout.schedule, docs/async.md):
+the engine is given the one GPU explicitly (rollout.engine.gpus=[0]: on a machine with more, engines would
+take GPUs of their own) and generates while the trainer trains; nothing is offloaded, so that check is
+skipped, and it checks
+- ran ahead: the trained samples were generated with older weights (async/staleness_mean > 0);
+and engine/trainer agreement is checked on the steps whose samples the trainer's weights generated (staleness 0,
+the first step).
 
 Prints one JSON report (also written to --out as gpu_check_e2e.json) and exits 1 if a check fails. About 2
 minutes on one H200.
@@ -72,6 +81,9 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     parser.add_argument("--max-logprob-diff", type=float, default=None, help="default: by --dtype")
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report into this folder")
     parser.add_argument("--composed", action="store_true", help="GenRM judges, balancing and export_hf (see above)")
+    parser.add_argument(
+        "--schedule", choices=("sync", "one_step_off", "async"), default="sync", help="rollout.schedule.mode (above)"
+    )
     parser.set_defaults(**defaults)
     args = parser.parse_args(argv)
     max_diff = MAX_LOGPROB_DIFF[args.dtype] if args.max_logprob_diff is None else args.max_logprob_diff
@@ -114,6 +126,9 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     ]
     if args.composed:
         overrides += ["balance.enabled=true", "checkpoint.export_hf=true"]
+    ahead = args.schedule != "sync"
+    if ahead:  # one GPU: the engine shares the trainer's, asked for explicitly (rollout.engine.gpus)
+        overrides += [f"rollout.schedule.mode={args.schedule}", "rollout.engine.gpus=[0]"]
     cmd = [
         sys.executable,
         "-m",
@@ -170,11 +185,17 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
             and r["actor/skipped_steps"] == 0
             for r in steps
         )
-        checks["logprobs_agree"] = max(lp_diff) <= max_diff
+        # ahead of the trainer a batch's log-probs are of older weights than the trainer's: compare where they
+        # are the same (the staleness-0 steps, e.g. the first)
+        fresh = [r["rollout/trainer_logprob_diff_mean"] for r in steps if r.get("async/staleness_mean", 0.0) == 0]
+        checks["logprobs_agree"] = bool(fresh) and max(fresh) <= max_diff
         if args.composed:
             report["judged"] = [r.get("genrm/judged", 0) for r in steps]
             checks["judged"] = min(report["judged"]) > 0
-        if gpu:
+        if ahead:
+            report["staleness_mean"] = [round(r.get("async/staleness_mean", 0.0), 3) for r in steps]
+            checks["ran_ahead"] = max(report["staleness_mean"]) > 0
+        if gpu and not ahead:  # ahead of the trainer nothing changes owner: the trainer keeps its GPU memory
             checks["offload_frees_memory"] = min(freed) > 0
     backend = [line for line in proc.stderr.splitlines() + proc.stdout.splitlines() if "process group backend" in line]
     report["backend"] = backend[-1] if backend else None
@@ -192,7 +213,9 @@ def main(argv: list[str] | None = None, name: str = "gpu_check_e2e", doc: str = 
     if args.composed:
         checks["export_loads"] = exported_policy_loads(run_dir, report)
     report["checks"] = checks
-    report["skipped"] = [] if gpu else ["offload_frees_memory", "nccl_group"]
+    report["skipped"] = [] if gpu else ["nccl_group"]
+    if ahead or not gpu:
+        report["skipped"].insert(0, "offload_frees_memory")
     report["ok"] = all(checks.values())
     if not report["ok"]:
         report["stderr_tail"] = proc.stderr[-4000:]

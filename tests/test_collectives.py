@@ -264,3 +264,46 @@ def test_engine_env_pins_to_the_spawning_ranks_gpu(monkeypatch):
     monkeypatch.setattr(client, "_current_device", lambda: torch.device("cuda", 1))  # init_world's set_device
     assert client.engine_env(EngineConfig())["CUDA_VISIBLE_DEVICES"] == "6"
     assert client.engine_env(EngineConfig(), {"CUDA_VISIBLE_DEVICES": "4"})["CUDA_VISIBLE_DEVICES"] == "4"
+
+
+def test_engine_gpus_place_engines_apart_from_the_trainer_ranks(monkeypatch):
+    """rollout.engine.gpus: the engine of local rank r runs on gpus[r % len(gpus)]; CPU ranks keep theirs."""
+    from yatt.engines import client
+    from yatt.engines.client import engine_device
+    from yatt.engines.config import EngineConfig
+
+    cpu = torch.device("cpu")
+    assert engine_device([4, 5], cpu) == cpu
+    assert engine_device(None, torch.device("cuda", 1)) == torch.device("cuda", 1)
+    assert engine_device([4, 5], torch.device("cuda", 0)) == torch.device("cuda", 4)
+    assert engine_device([4, 5], torch.device("cuda", 3)) == torch.device("cuda", 5)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    monkeypatch.setattr(client, "_current_device", lambda: torch.device("cuda", 1))
+    assert client.engine_env(EngineConfig(gpus=[4, 5, 6, 7]))["CUDA_VISIBLE_DEVICES"] == "5"
+    assert client.engine_env(EngineConfig())["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_preflight_asks_ahead_schedules_on_gpus_for_engine_gpus(tmp_path):
+    """An ahead schedule on a GPU machine needs rollout.engine.gpus, and engines' GPUs must exist; a CPU
+    machine (0 GPUs) checks neither."""
+    from yatt.config import ExperimentConfig
+    from yatt.preflight import ConfigError, check_gpus
+
+    def cfg(**rollout) -> ExperimentConfig:
+        return ExperimentConfig.model_validate(
+            {
+                "model": {"path": str(tmp_path)},
+                "data": {"train": {"kind": "jsonl", "files": ["x.jsonl"]}},
+                "rollout": rollout,
+            }
+        )
+
+    ahead = {"schedule": {"mode": "one_step_off"}}
+    check_gpus(cfg(**ahead), "c.yaml", count=0)
+    with pytest.raises(ConfigError, match=r"one_step_off on GPUs needs rollout.engine.gpus"):
+        check_gpus(cfg(**ahead), "c.yaml", count=8)
+    check_gpus(cfg(**ahead, engine={"gpus": [4, 5, 6, 7]}), "c.yaml", count=8)
+    check_gpus(cfg(**ahead, engine={"gpus": [0]}), "c.yaml", count=1)  # one GPU, shared: asked for, so allowed
+    with pytest.raises(ConfigError, match=r"rollout.engine.gpus=\[8\]: this machine shows the run 8 GPU"):
+        check_gpus(cfg(engine={"gpus": [8]}), "c.yaml", count=8)
+    check_gpus(cfg(), "c.yaml", count=8)  # sync: the rank's own GPU, taking turns

@@ -68,3 +68,11 @@ def test_gpu_check_megatron_composed_passes(tmp_path):
     report = passing_report(tmp_path, "gpu_check_megatron", "--composed", body=judged)
     assert report["trainer_backend"] == "megatron" and report["checks"]["judged"], report
     assert report["checks"]["export_loads"] and report["export"].startswith("checkpoints/step-"), report
+
+
+def test_gpu_check_e2e_ahead_of_the_trainer_passes(tmp_path):
+    """--schedule one_step_off: the engine generates the next batch while the trainer trains (on the GPU machine
+    the one GPU is shared, asked for with rollout.engine.gpus); the trained samples are one version stale."""
+    report = passing_report(tmp_path, "gpu_check_e2e", "--schedule", "one_step_off")
+    assert report["checks"]["ran_ahead"] and "offload_frees_memory" in report["skipped"], report
+    assert "rollout.schedule.mode=one_step_off" in report["command"], report

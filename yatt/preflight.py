@@ -30,6 +30,29 @@ def check_cores(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(f"{source}: {field}={cores}: this machine lets the run use cores {sorted(usable)}")
 
 
+def check_gpus(cfg: ExperimentConfig, source: str, count: int | None = None) -> None:
+    """On a GPU machine (`count` GPUs; None: this one's, 0 on CPU): engines' `gpus` must exist, and a
+    schedule ahead of the trainer needs its rollout engines on GPUs the launcher says so (rollout.engine.gpus):
+    with the rank's own GPU, the trainer and the engine that generates while it trains would contend for it,
+    and the engine's memory share (vllm.gpu_memory_utilization) assumes they take turns."""
+    count = _gpus() if count is None else count
+    if not count:
+        return
+    engines = {
+        "rollout.engine.gpus": cfg.rollout.engine.gpus,
+        **{f"reward.judges[{j.name}].engine.gpus": j.engine.gpus for j in cfg.reward.judges},
+    }
+    for field, gpus in engines.items():
+        if gpus and max(gpus) >= count:
+            raise ConfigError(f"{source}: {field}={gpus}: this machine shows the run {count} GPU(s)")
+    mode = cfg.rollout.schedule.mode
+    if mode != "sync" and not cfg.rollout.engine.gpus:
+        raise ConfigError(
+            f"{source}: rollout.schedule.mode={mode} on GPUs needs rollout.engine.gpus: GPUs for the rollout "
+            "engines apart from the trainer ranks' (e.g. [4, 5, 6, 7] with 4 ranks on 8 GPUs)"
+        )
+
+
 def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     """What the config alone cannot tell: rules on the number of ranks launched, and the files it names
     (read here, where the run starts, never during validation). Raises ConfigError naming the field."""
@@ -41,11 +64,7 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
             f"min_genrm_devices), but {world_size} were launched"
         )
     check_backends(cfg, world_size, source)
-    if cfg.rollout.schedule.mode != "sync" and _cuda():
-        raise ConfigError(
-            f"{source}: rollout.schedule.mode={cfg.rollout.schedule.mode} on GPUs needs rollout devices apart "
-            "from the trainer's, which is not implemented yet (on CPU the engines run on cores of their own)"
-        )
+    check_gpus(cfg, source)
     check_cores(cfg, source)
     tp, pp = cfg.trainer.model_parallel
     data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
@@ -177,7 +196,7 @@ def model_positions(folder: Path) -> int | None:
     return json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
 
 
-def _cuda() -> bool:
+def _gpus() -> int:
     import torch
 
-    return torch.cuda.is_available()
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

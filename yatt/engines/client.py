@@ -74,6 +74,14 @@ def device_env(device: torch.device, parent_visible: str | None) -> dict[str, st
     return {"CUDA_VISIBLE_DEVICES": entries[index]}
 
 
+def engine_device(gpus: list[int] | None, rank_device: torch.device) -> torch.device:
+    """The device an engine spawned by a rank computing on `rank_device` runs on: the rank's own, or with
+    `gpus` (EngineConfig.gpus) the entry its local rank (the rank's GPU index) picks."""
+    if rank_device.type != "cuda" or not gpus:
+        return rank_device
+    return torch.device("cuda", gpus[(rank_device.index or 0) % len(gpus)])
+
+
 def _current_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -94,7 +102,8 @@ def plugin_root(path: str) -> str:
 
 def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> dict[str, str]:
     """The child's environment: ours minus torchrun's variables, plus engine tuning and the backend's own
-    variables (its `env` hook); on GPU machines it sees only the spawning rank's GPU (`device_env`); a plug-in
+    variables (its `env` hook); on GPU machines it sees only one GPU (`device_env`): the spawning rank's, or the
+    one `cfg.gpus` gives it (`engine_device`); a plug-in
     backend's folder is on its PYTHONPATH (`plugin_root`)."""
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS and not k.startswith(TORCHRUN_PREFIXES)}
     env["OMP_NUM_THREADS"] = str(cfg.threads)
@@ -109,7 +118,7 @@ def engine_env(cfg: EngineConfig, extra_env: dict[str, str] | None = None) -> di
     root = str(Path(yatt.__file__).resolve().parents[1])  # so `-m yatt...` works from any cwd
     roots = [root, *([plugin_root(cfg.backend)] if is_import_path(cfg.backend) else [])]
     env["PYTHONPATH"] = os.pathsep.join(p for p in (*roots, env.get("PYTHONPATH", "")) if p)
-    env.update(device_env(_current_device(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+    env.update(device_env(engine_device(cfg.gpus, _current_device()), os.environ.get("CUDA_VISIBLE_DEVICES")))
     env.update(extra_env or {})
     return env
 

@@ -45,6 +45,14 @@ class EngineConfig(BackendChoice):
         description="CPU cores the engine process is pinned to (sched_setaffinity), e.g. apart from the "
         "trainer's (run.cores); null: the OS schedules it.",
     )
+    gpus: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        min_length=1,
+        description="GPUs the engine processes run on, as the launcher's CUDA_VISIBLE_DEVICES numbers them: the "
+        "engine of the rank with local rank r takes gpus[r % len(gpus)], e.g. [4, 5, 6, 7] for engines apart from 4 "
+        "trainer ranks on GPUs 0-3 (rollout.schedule ahead of the trainer needs them, docs/async.md); null: the "
+        "spawning rank's own GPU. Ignored on CPU.",
+    )
     startup_timeout_s: float = Field(600.0, gt=0, description="Give up if the engine is not serving after this long.")
     request_timeout_s: float = Field(600.0, gt=0, description="Default timeout of one RPC (e.g. one generate call).")
     weight_bucket_mb: int = Field(
