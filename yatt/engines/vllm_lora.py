@@ -17,6 +17,7 @@ model.lora.rank: vLLM sizes its LoRA buffers at startup.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from safetensors.torch import save_file
 
 from yatt.models.lora import AdapterUpdate
 
+log = logging.getLogger(__name__)
 PEFT_PREFIX = "base_model.model."  # where peft's adapter files keep the Hugging Face model's names
 
 
@@ -89,6 +91,7 @@ class ServedAdapter:
         folder = self._write(modules, rank, scaling, f"sync-{self.syncs}")
         request = LoRARequest(f"yatt-sync-{self.syncs}", self.syncs, str(folder))
         self.engine.add_lora(request)  # loaded now: a bad adapter fails this update
+        log.info("serving LoRA adapter %s: %d modules of rank %d", request.lora_name, len(modules), rank)
         self.modules = modules
         self.older += [self.current] if self.current is not None else []
         self.current = request
