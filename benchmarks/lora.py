@@ -8,8 +8,10 @@ OVERRIDEs (`a.b=c`) go to every run. Variants (each a real run of `launch/train.
 the other, never two at once, on the same data and seeds):
 - full: the config as it is (its engines: vLLM for the SmolLM2 config);
 - LoRA: model.lora.rank=<rank> on every linear layer of the decoder, merged syncs (the adapted layers only);
+- LoRA adapter sync: the same sending only the adapters (model.lora.sync=adapter), which the vLLM engines serve
+  with vLLM's LoRA layers beside the unchanged base weights;
 - full (hf), LoRA merged sync (hf) and LoRA adapter sync (hf): the same on hf engines, the last sending only the
-  adapters, which the engine merges itself (model.lora.sync=adapter; vLLM takes merged weights only).
+  adapters, which the engine merges into its own copy of the base weights.
 LoRA rows train at --lora-lr-scale x the config's trainer.lr ("LoRA Without Regret": LoRA's best learning rate is
 about 10x full training's).
 
@@ -41,6 +43,7 @@ HF = ["rollout.engine.backend=hf", "rollout.engine.vllm=null"]
 VARIANTS = {  # name: (overrides, is LoRA)
     "full": ([], False),
     "LoRA": ([], True),
+    "LoRA adapter sync": (["model.lora.sync=adapter"], True),
     "full (hf)": (HF, False),
     "LoRA merged sync (hf)": (HF, True),
     "LoRA adapter sync (hf)": ([*HF, "model.lora.sync=adapter"], True),

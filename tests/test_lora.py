@@ -111,6 +111,33 @@ def test_the_factory_loads_no_second_model_for_the_reference(tiny, tmp_path, mon
     assert isinstance(policy, TorchTrainer) and policy.lora and isinstance(ref, AdapterOff) and ref.trainer is policy
 
 
+@pytest.mark.parametrize("sync, rank", [("adapter", 4), ("merged", None)])
+def test_the_rollout_engines_are_started_for_the_adapters_they_are_sent(tiny, tmp_path, sync, rank):
+    """With sync=adapter each rollout engine (a restarted one too: it is started from the same spec) is sized for
+    adapters of model.lora.rank (EngineConfig.max_lora_rank); with merged syncs it takes weights only."""
+    from yatt.controllers.components import build_components
+
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    path = tmp_path / "exp.yaml"
+    path.write_text(
+        f"model: {{path: {tiny}}}\ndata:\n  train: {{kind: jsonl, files: [{data}]}}\n  prompts_per_step: 4\n"
+    )
+    cfg = load_experiment(path, ["model.lora.rank=4", f"model.lora.sync={sync}"])
+    started: list[EngineConfig] = []
+
+    class EnginesStart(Exception):
+        pass
+
+    def spawn(model, engine_cfg, **kwargs):
+        started.append(engine_cfg)
+        raise EnginesStart
+
+    with pytest.raises(EnginesStart):
+        build_components(cfg, WORLD, tmp_path / "run", spawn=spawn)
+    assert [c.max_lora_rank for c in started] == [rank] and cfg.rollout.engine.max_lora_rank is None
+
+
 def test_only_the_adapters_train(tiny):
     policy = lora_trainer(tiny)
     trainable = [n for n, p in policy.module.named_parameters() if p.requires_grad]
@@ -250,9 +277,15 @@ def test_config(tmp_path, tiny):
     assert cfg.model.lora.enabled and cfg.model.lora.scaling == 2.0 and cfg.model.lora.target_modules == "all-linear"
     with pytest.raises(ConfigError, match="trainer.backend=megatron does not train LoRA adapters yet: its layers"):
         load_experiment(path, ["model.lora.rank=16", "trainer.backend=megatron"])
-    with pytest.raises(ConfigError, match="model.lora.sync=adapter: rollout.engine.backend=vllm does not merge"):
-        load_experiment(path, ["model.lora.rank=16", "model.lora.sync=adapter"])
-    load_experiment(path, ["model.lora.rank=16", "model.lora.sync=adapter", "rollout.engine.backend=hf"])
+    for backend in ("vllm", "hf"):  # both take adapters (vLLM serves them, hf merges them)
+        load_experiment(path, ["model.lora.rank=16", "model.lora.sync=adapter", f"rollout.engine.backend={backend}"])
+    plugin = "rollout.engine.backend=tests.plugins.counting_engine:CountingEngine"
+    with pytest.raises(
+        ConfigError, match="model.lora.sync=adapter: rollout.engine.backend=tests.plugins.*does not take"
+    ):
+        load_experiment(path, ["model.lora.rank=16", "model.lora.sync=adapter", plugin])
+    with pytest.raises(ConfigError, match="rollout.engine.max_lora_rank=8 is below model.lora.rank=16"):
+        load_experiment(path, ["model.lora.rank=16", "model.lora.sync=adapter", "rollout.engine.max_lora_rank=8"])
     with pytest.raises(ConfigError, match="model.lora.ranks"):
         load_experiment(path, ["model.lora.ranks=16"])
     with pytest.raises(ConfigError, match="target_modules is empty"):

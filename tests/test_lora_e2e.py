@@ -4,16 +4,19 @@
   checkpoints hold the adapters and their optimizer state only; the exports load with transformers and with peft;
 - hf engines with adapter-only syncs: a run killed with kill -9 while a checkpoint is being written resumes to
   the uninterrupted run's metrics and weights;
+- vLLM engines with adapter-only syncs (served by vLLM's LoRA layers), one engine killed as a sync starts: the
+  restarted engine is given the current adapter, and the engines' log-probs agree with the trainer's at every step;
 - LoRA composed with the other features (the composition matrix's combinations on the torch backend): partial
   placement, a GenRM judge, balancing, dynamic sampling, PPO's critic, checkpoint exports; the engines' log-probs
   agree with the trainer's, so what the sync gave them is the trained policy.
 """
 
 import math
+import os
 
 import pytest
 import torch
-from e2e import ONE_TOKEN_GRPO, experiment
+from e2e import ONE_TOKEN_GRPO, REPO, experiment, torchrun
 from safetensors.torch import load_file
 from test_async_e2e import assert_same_run, records, run
 from test_checkpoint_resume_e2e import finish, kill_while_saving, launch
@@ -65,6 +68,32 @@ def test_lora_with_vllm_merged_syncs_and_a_kl_term(config):
         assert torch.allclose(merged(ids).logits, adapted(ids).logits, atol=1e-5)
     final, saved = load_file(run_dir / "policy" / "model.safetensors"), load_file(ckpt / "policy" / "model.safetensors")
     assert set(final) == set(saved) and all(torch.equal(final[k], saved[k]) for k in final)
+
+
+@pytest.mark.slow  # ~90 s on 2 cores; tests/test_vllm_lora.py checks the engine itself in the default suite
+def test_lora_with_vllm_adapter_syncs_survives_an_engine_killed_at_a_sync(config):
+    """Rank 0's rollout engine is SIGKILLed as step 2's weight sync starts (tests/faults/sitecustomize.py): the
+    engine started in its place is pushed the policy's weights, which with sync=adapter are the adapters."""
+    tmp, path = config
+    faults = {
+        "YATT_TEST_KILL": "sync@2",
+        "YATT_TEST_KILL_LOG": str(tmp / "kills.log"),
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "faults"), str(REPO)]),
+    }
+    args = [f"run.output_dir={tmp / 'vllm-adapter'}", "model.lora.rank=8", "model.lora.sync=adapter"]
+    proc = torchrun(path, *args, cwd=tmp, extra_env=faults)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp / "kills.log").read_text().split() == ["sync@2", "rollout"]
+    steps = [r for r in records(tmp / "vllm-adapter" / "r") if r["step"] > 0]
+    assert len(steps) == STEPS
+    assert all(math.isfinite(v) for r in steps for v in r.values() if isinstance(v, (int, float)))
+    assert sum(r.get("placement/engine_restarts", 0) for r in steps) == 1
+    restarted = (tmp / "vllm-adapter" / "r" / "logs" / "engine-rollout-rank0-2.log").read_text()
+    assert "serving LoRA adapter yatt-sync-1: 14 modules of rank 8" in restarted
+    # the engines sample from the trainer's policy, the restarted one (steps 3 and 4) too
+    assert all(r["rollout/trainer_logprob_diff_max"] < 1e-3 for r in steps), [
+        r["rollout/trainer_logprob_diff_max"] for r in steps
+    ]
 
 
 def test_lora_with_adapter_syncs_resumes_exactly_after_kill_9(config):

@@ -16,7 +16,7 @@ for a plug-in class named by import path):
 - `lora` (trainers): True when it trains LoRA adapters (model.lora), else why not, in a few words (absent: it
   does not; a config with model.lora on and such a trainer is refused with that reason);
 - `adapters` (engines): True when its `update_weights` applies LoRA adapters itself (yatt.models.lora's format),
-  which model.lora.sync=adapter needs.
+  which model.lora.sync=adapter needs; such an engine is started with `EngineConfig.max_lora_rank` set.
 
 So the shared config, launcher and engine code ask the entry and never name a backend.
 """

@@ -590,10 +590,16 @@ class ExperimentConfig(Section):
                 f"model.lora.rank={lora.rank}: trainer.backend={self.trainer.backend} does not train LoRA adapters "
                 f"yet: {why}; use trainer.backend=torch or model.lora.rank=0"
             )
-        if lora.sync == "adapter" and not getattr(self.rollout.engine.backend_entry, "adapters", False):
+        engine = self.rollout.engine
+        if lora.sync == "adapter" and not getattr(engine.backend_entry, "adapters", False):
             raise ValueError(
-                f"model.lora.sync=adapter: rollout.engine.backend={self.rollout.engine.backend} does not merge "
-                "adapters itself; use model.lora.sync=merged (or rollout.engine.backend=hf)"
+                f"model.lora.sync=adapter: rollout.engine.backend={engine.backend} does not take LoRA adapters (it "
+                "does not declare adapters = True, yatt.backends); use model.lora.sync=merged"
+            )
+        if lora.sync == "adapter" and engine.max_lora_rank is not None and engine.max_lora_rank < lora.rank:
+            raise ValueError(
+                f"rollout.engine.max_lora_rank={engine.max_lora_rank} is below model.lora.rank={lora.rank}; "
+                "raise it or leave it unset (the run sets it to model.lora.rank)"
             )
 
     def _check_agent(self) -> None:

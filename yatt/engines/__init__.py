@@ -6,9 +6,9 @@
 
 An entry may own a section beside `backend` and declare hooks (`yatt.backends`): `preflight(engine:
 EngineConfig)` raises ValueError for what the config alone cannot tell, `env(section)` gives the engine
-process's environment variables (None: removed), `adapters` says whether its `update_weights` merges LoRA
-adapters itself (yatt.models.lora). A plug-in by import path is imported by that path in the
-engine process too, found where the parent found it (`yatt.engines.client.engine_env`).
+process's environment variables (None: removed), `adapters` says whether its `update_weights` takes LoRA
+adapters (yatt.models.lora): hf merges them, vllm serves them with its LoRA layers. A plug-in by import path is
+imported by that path in the engine process too, found where the parent found it (`yatt.engines.client.engine_env`).
 """
 
 from yatt.backends import Backend

@@ -38,6 +38,13 @@ class EngineConfig(BackendChoice):
         "None: an experiment sets data.max_prompt_tokens + rollout.max_new_tokens, a bare engine the model's limit.",
     )
     max_num_seqs: int = Field(256, gt=0, description="Sequences decoded together in one engine step.")
+    max_lora_rank: int | None = Field(
+        None,
+        gt=0,
+        description="Largest rank of the LoRA adapters the engine is sent (model.lora.sync=adapter), for a backend "
+        "that sizes its adapter buffers at startup (vllm: enable_lora). None: an experiment sets model.lora.rank "
+        "when the sync sends adapters, a bare engine takes none.",
+    )
     threads: int = Field(1, gt=0, description="OMP/torch threads of the engine process (OMP_NUM_THREADS).")
     cores: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,

@@ -54,5 +54,10 @@ def preflight(engine: EngineConfig) -> None:
 
 
 VLLM = Backend(
-    "yatt.engines.vllm_engine:VLLMEngine", section="vllm", config=VLLMConfig, preflight=preflight, env=child_env
+    "yatt.engines.vllm_engine:VLLMEngine",
+    section="vllm",
+    config=VLLMConfig,
+    preflight=preflight,
+    env=child_env,
+    adapters=True,  # served by vLLM's LoRA layers (yatt.engines.vllm_lora)
 )

@@ -2,7 +2,8 @@
 
 Meant to run inside the engine child (`yatt.engines.server`), never inside a torchrun rank:
 an in-process vLLM adopts torchrun's default process group, destroys it on shutdown, reseeds
-the global RNG and pins torch's thread count.
+the global RNG and pins torch's thread count. LoRA adapters (model.lora.sync=adapter) are served by vLLM's LoRA
+layers (yatt.engines.vllm_lora).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.config import EngineConfig
+from yatt.engines.vllm_lora import ServedAdapter, lora_options
+from yatt.models.lora import split_adapter_updates
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,8 @@ class VLLMEngine:
     ``model.load_weights`` into them directly fails. vLLM reloads layer by layer: each call to
     `update_weights` must contain every tensor of a vLLM (fused) module it touches, e.g. all of
     q/k/v_proj of one attention block; `EngineClient` buckets per decoder layer for that reason.
+    LoRA adapters in an update (yatt.models.lora's format) are not merged: they become the adapter every request
+    added afterwards carries (`ServedAdapter`), for an engine started with ``cfg.max_lora_rank``.
     """
 
     def __init__(self, model_path: str, cfg: EngineConfig, seed: int) -> None:
@@ -103,6 +108,7 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = own.gpu_memory_utilization
         if self.sleep_supported:
             kwargs["enable_sleep_mode"] = True
+        kwargs.update(lora_options(cfg.max_lora_rank))
         t0 = time.perf_counter()
         self.llm = LLM(**kwargs)
         self.eos_token_id: int | None = self.llm.get_tokenizer().eos_token_id
@@ -110,6 +116,7 @@ class VLLMEngine:
         self.startup_s = time.perf_counter() - t0
         self.sleeping = False
         self._want_logprobs: dict[str, bool] = {}
+        self.adapter = ServedAdapter(self.llm.llm_engine, cfg.max_lora_rank)
         self.weight_updates = 0
         self.last_update_s = 0.0
         log.info("vLLM engine for %s ready on %s in %.1fs", model_path, self.device, self.startup_s)
@@ -156,7 +163,7 @@ class VLLMEngine:
                 request["multi_modal_data"] = {
                     "image": [decode_image(b, "image bytes", f"request {rid}") for b in images[i]]
                 }
-            self.llm.llm_engine.add_request(rid, request, params)
+            self.llm.llm_engine.add_request(rid, request, params, lora_request=self.adapter.attach(rid))
         self._want_logprobs.update({rid: sampling.logprobs for rid in request_ids})
 
     def step(self) -> list[tuple[str, list[Completion]]]:
@@ -165,6 +172,7 @@ class VLLMEngine:
         for out in self.llm.llm_engine.step():
             if out.finished:
                 want = self._want_logprobs.pop(out.request_id, True)
+                self.adapter.release(out.request_id)
                 finished.append((out.request_id, [self._completion(o, want) for o in out.outputs]))
         return finished
 
@@ -172,6 +180,7 @@ class VLLMEngine:
         self.llm.llm_engine.abort_request(list(request_ids))
         for rid in request_ids:
             self._want_logprobs.pop(rid, None)
+            self.adapter.release(rid)
 
     def preempt(self, request_ids: list[str]) -> None:
         pass  # a step is one iteration: `interrupt` runs right after it
@@ -213,12 +222,22 @@ class VLLMEngine:
         return Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=str(o.finish_reason))
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Copy new weights (HF names, whole fused modules per call) into the running model."""
+        """Copy new weights (HF names, whole fused modules per call) into the running model; LoRA adapters among
+        them become the served adapter."""
         if self.sleeping:
             raise RuntimeError("engine is asleep; call wake() first")
         if not named_tensors:
             return
         t0 = time.perf_counter()
+        adapters, named_tensors = split_adapter_updates(named_tensors)
+        if adapters:
+            self.adapter.update(adapters)
+        if named_tensors:
+            self._reload(named_tensors)
+        self.weight_updates += 1
+        self.last_update_s = time.perf_counter() - t0
+
+    def _reload(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         with _quiet_partial_reload():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(named_tensors)})
         if self.device == "cpu" and any("embed_tokens" in name for name, _ in named_tensors):
@@ -232,8 +251,6 @@ class VLLMEngine:
             # miss" on the next image prompt, measured): reset both, and the front end's processor cache.
             self.llm.llm_engine.reset_encoder_cache()
             self.llm.reset_mm_cache()
-        self.weight_updates += 1
-        self.last_update_s = time.perf_counter() - t0
 
     def sleep(self) -> dict[str, Any]:
         """Offload weights and drop the KV cache (level 1) where vLLM supports sleep mode."""
@@ -270,10 +287,14 @@ class VLLMEngine:
             "weight_updates": self.weight_updates,
             "last_update_s": self.last_update_s,
             "startup_s": self.startup_s,
+            "adapter": None if self.adapter.current is None else self.adapter.current.lora_name,
         }
 
     def shutdown(self) -> None:
         """Drop the LLM; the process exits right after, which frees everything else."""
+        adapter, self.adapter = getattr(self, "adapter", None), None
+        if adapter is not None:
+            adapter.close()
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
             del llm

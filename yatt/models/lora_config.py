@@ -40,8 +40,9 @@ class LoRAConfig(BaseModel):
     sync: Literal["merged", "adapter"] = Field(
         "merged",
         description="What the weight sync sends the rollout engines. merged: base + B A x alpha / rank of the "
-        "adapted layers only, computed on the trainer (any engine). adapter: A and B only; the engine merges them "
-        "into its own copy of those base weights (an engine backend that declares it: hf).",
+        "adapted layers only, computed on the trainer (any engine). adapter: A and B only, for an engine backend "
+        "that declares it: hf merges them into its own copy of those base weights, vllm serves them with its "
+        "LoRA layers.",
     )
 
     @field_validator("target_modules")
@@ -54,6 +55,11 @@ class LoRAConfig(BaseModel):
     @property
     def enabled(self) -> bool:
         return self.rank > 0
+
+    @property
+    def adapter_rank(self) -> int | None:
+        """The rank of the adapters the weight sync sends the engines (sync: adapter); None: it sends weights."""
+        return self.rank if self.enabled and self.sync == "adapter" else None
 
     @property
     def scaling(self) -> float:

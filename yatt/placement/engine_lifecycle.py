@@ -63,8 +63,12 @@ class EngineServices:
         self.run_secret = run_secret(world, run_dir)
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
         self.rollout_roles = [ROLLOUT] + [f"{ROLLOUT}-{i}" for i in range(1, cfg.rollout.engines_per_rank)]
-        rollout_engine = cfg.rollout.engine.model_copy(
-            update={"max_model_len": cfg.rollout.engine.max_model_len or cfg.rollout_tokens}
+        own = cfg.rollout.engine
+        rollout_engine = own.model_copy(  # a restarted engine is started from this too
+            update={
+                "max_model_len": own.max_model_len or cfg.rollout_tokens,
+                "max_lora_rank": own.max_lora_rank or cfg.model.lora.adapter_rank,  # sized for the adapters it is sent
+            }
         )
         self.specs: dict[str, tuple[str, EngineConfig, int]] = {
             role: (str(cfg.model.path), rollout_engine, cfg.run.seed + world.rank + i * world.size)
