@@ -8,7 +8,7 @@ export OMP_NUM_THREADS := 1
 
 PLACEMENT ?= partial
 
-.PHONY: setup quickstart quickstart-genrm quickstart-vl quickstart-tools lint format test test-all clean
+.PHONY: setup quickstart quickstart-genrm quickstart-vl quickstart-vl-genrm quickstart-tools lint format test test-all clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,14 @@ quickstart-vl: setup
 	test -d models/quickstart-vl || $(PY) -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl
 	$(PY) launch/train.py --nproc 2 --config configs/quickstart_vl.yaml --placement full
 
+# The visual quickstart with a GenRM judge that sees the images: data, policy and the tiny VL judge once each,
+# then GRPO on the judge's verdicts with partial placement (PLACEMENT=full runs rollout, GenRM, training in turn).
+quickstart-vl-genrm: setup
+	test -f data/shapes/train.jsonl || $(PY) -m yatt.quickstart.shapes --out data/shapes
+	test -d models/quickstart-vl || $(PY) -m yatt.quickstart.sft_vl --data data/shapes --out models/quickstart-vl
+	test -d models/quickstart-vl-judge || $(PY) -m yatt.quickstart.shapes_judge --data data/shapes --out models/quickstart-vl-judge
+	$(PY) launch/train.py --nproc 2 --config configs/quickstart_vl_genrm.yaml --placement $(PLACEMENT)
+
 # The tool quickstart: writes the 4-digit x 2-digit products once, SFTs the tiny policy to call the calculator on
 # part of them once (launch/sft.py skips an existing folder), then GRPO over tool conversations on 2 ranks.
 quickstart-tools: setup
@@ -57,4 +65,4 @@ test-all: lint
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl models/quickstart-tools-policy data/shapes data/products
+	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl models/quickstart-vl-judge models/quickstart-tools-policy data/shapes data/products

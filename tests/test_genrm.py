@@ -93,6 +93,13 @@ def test_template_braces_in_texts_are_literal():
     assert render("Q {question} R {response}", "{x}", None, "{response}") == "Q {x} R {response}"
 
 
+def test_template_images_go_at_their_field_or_in_front():
+    assert check_template("{images}{question}:{response}?") == "{images}{question}:{response}?"
+    assert render("{question}{images}:{response}", "q", None, "3", "<image><image>") == "q<image><image>:3"
+    assert render("{question}:{response}", "q", None, "3", "<image>") == "<image>q:3"  # no field: in front
+    assert render("{images}{question}:{response}", "q", None, "3") == "q:3"  # a text prompt: no images
+
+
 def test_mean_over_repeats_counts_unreadable():
     assert mean_over_repeats([1.0, None, 0.0, 1.0], unparseable_score=0.0) == (0.5, 1)
     assert mean_over_repeats([None, None], unparseable_score=-1.0) == (-1.0, 2)

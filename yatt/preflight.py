@@ -15,6 +15,7 @@ from pathlib import Path
 
 from yatt.config import ExperimentConfig
 from yatt.config_loading import ConfigError
+from yatt.genrm.template import template_fields
 
 
 def check_cores(cfg: ExperimentConfig, source: str) -> None:
@@ -88,6 +89,13 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
             )
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{source}: {field}: {folder} is not a Hugging Face model folder: config.json is missing")
+    for j in cfg.reward.judges:
+        vision = "vision_config" in json.loads((j.model / "config.json").read_text())  # models.vision imports torch
+        if "images" in template_fields(j.template) and not vision:
+            raise ConfigError(
+                f"{source}: reward.judges[{j.name}].template: {{images}} needs a vision-language judge, but "
+                f"{j.model} is a text-only model (a text judge reads an image prompt's text: drop {{images}})"
+            )
     if (
         "critic.model" in folders
         and (vocab := model_vocab(cfg.critic.model)) is not None

@@ -153,8 +153,9 @@ def generate_and_judge(
     `agent`: each sample is a conversation of that loop on the rollout engines (yatt.controllers.conversations),
     a group going to the judges once its G conversations have ended; None: one request per prompt (single_turn).
     `images`: the rows' loaded images (yatt.controllers.images); engines get the placeholder ids and the bytes,
-    the rollouts the expanded ids and the pixels. `first_group`: the index of rows[0]'s group in the data-parallel
-    rank's batch (GroupShare), so a judge's seeds do not depend on how the batch was split."""
+    the rollouts the expanded ids and the pixels, a vision-language judge the bytes with its own prompt
+    (Judge.request). `first_group`: the index of rows[0]'s group in the data-parallel rank's batch
+    (GroupShare), so a judge's seeds do not depend on how the batch was split."""
     stats = GenerationStats()
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
@@ -168,18 +169,15 @@ def generate_and_judge(
     )
 
     def judge_group(g: int) -> None:
+        pictures = images[g].images if images[g] else None  # a VL judge sees them (Judge.request), a text one not
         for name, lane in lanes.items():
-            lane.pool.submit(
-                [
-                    Request(
-                        f"s{step}r{round_}/g{g}/{j}",
-                        lane.judge.prompt_ids(r.row.question(), r.row.answer, judged_text(r, lane.judge, tokenizer)),
-                        judge_seed(run_seed, step, round_ * 1_000_000 + first_group + g, j, name),
-                        lane.judge.sampling,
-                    )
-                    for j, r in enumerate(groups[g])
-                ]
-            )
+            requests = []
+            for j, r in enumerate(groups[g]):
+                text = judged_text(r, lane.judge, tokenizer)
+                ids, seen = lane.judge.request(r.row.question(), r.row.answer, text, pictures)
+                seed = judge_seed(run_seed, step, round_ * 1_000_000 + first_group + g, j, name)
+                requests.append(Request(f"s{step}r{round_}/g{g}/{j}", ids, seed, lane.judge.sampling, seen))
+            lane.pool.submit(requests)
 
     def take_rollouts(key: str, completions) -> None:
         g = int(key.rsplit("/g", 1)[1])

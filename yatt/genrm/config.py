@@ -21,7 +21,10 @@ class JudgeConfig(BaseModel):
 
     name: str = Field("judge", description="Names the judge in metrics and in reward.weights.")
     model: Path = Field(description="Local Hugging Face model folder of the judge.")
-    template: str = Field(description="Judge prompt with {question}, {reference} (may be empty) and {response}.")
+    template: str = Field(
+        description="Judge prompt with {question}, {reference} (may be empty) and {response}; {images}: where a "
+        "vision-language judge sees an image prompt's images (default: in front)."
+    )
     verdict: VerdictConfig = Field(default_factory=YesNoVerdict, description="How the judge's output becomes a score.")
     repeats: int = Field(1, gt=0, description="Judgements per response; the reward is their mean.")
     temperature: float = Field(0.0, ge=0.0, description="Judge sampling temperature (0: greedy).")

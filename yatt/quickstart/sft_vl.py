@@ -56,9 +56,15 @@ def _left_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.T
     return ids, mask
 
 
+def verified(text: str, row) -> bool:
+    """The row's verifier gives the answer full marks."""
+    return score(text, row) >= 1.0
+
+
 @torch.no_grad()
-def greedy_correct(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) -> list[bool]:
-    """Whether each row's greedy answer (full recompute per token: prompts are short) passes its verifier."""
+def greedy_correct(model, tok, rows, prompts, pixels, max_new_tokens: int = 3, correct=verified) -> list[bool]:
+    """Whether each row's greedy answer (full recompute per token: prompts are short) is `correct(text, row)`
+    (default: passes its verifier)."""
     model.eval()
     seqs = [list(p) for p in prompts]
     done = [False] * len(seqs)
@@ -74,7 +80,7 @@ def greedy_correct(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) -
                 answers[i].append(t)
                 done[i] = t == tok.eos_token_id
     model.train()
-    return [score(tok.decode(a, skip_special_tokens=True), r) >= 1.0 for r, a in zip(rows, answers)]
+    return [correct(tok.decode(a, skip_special_tokens=True), r) for r, a in zip(rows, answers)]
 
 
 def greedy_accuracy(model, tok, rows, prompts, pixels, max_new_tokens: int = 3) -> float:
@@ -127,19 +133,26 @@ def run_sft_vl(
     balanced: bool = True,
     min_answer_accuracy: float = 0.1,
     log=print,
+    train_file: str = "sft.jsonl",
+    eval_file: str = "eval.jsonl",
+    model: TinyVLConfig | None = None,
+    max_new_tokens: int = 3,
+    correct=verified,
 ) -> dict:
     """Train until an eval has greedy accuracy >= stop_at and, on the rows of every gold answer, greedy
-    accuracy >= min_answer_accuracy (0 disables that part). balanced: answer-balanced batches."""
+    accuracy >= min_answer_accuracy (0 disables that part). balanced: answer-balanced batches. `train_file`,
+    `eval_file`: JSONL files in `data`; `model`: the tiny VL model's shape (default TinyVLConfig());
+    `max_new_tokens`, `correct(text, row)`: of the greedy evaluation."""
     torch.manual_seed(seed)
     work = out.with_name(out.name + ".tmp")
     shutil.rmtree(work, ignore_errors=True)
-    write_tiny_vl_model(work, TinyVLConfig(), seed=seed)
+    write_tiny_vl_model(work, model or TinyVLConfig(), seed=seed)
     inputs = ImageInputs(work)
     tok = inputs.processor.tokenizer
     model = load_policy(work, dtype=torch.float32).train()
-    rows, prompts, pixels = encode_split(data / "sft.jsonl", inputs)
+    rows, prompts, pixels = encode_split(data / train_file, inputs)
     answers = [tok(r.answer, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in rows]
-    e_rows, e_prompts, e_pixels = encode_split(data / "eval.jsonl", inputs, limit=eval_rows)
+    e_rows, e_prompts, e_pixels = encode_split(data / eval_file, inputs, limit=eval_rows)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     rng = random.Random(seed)
     draw = balanced_sampler(rows, rng) if balanced else (lambda n: rng.sample(range(len(rows)), n))
@@ -154,7 +167,7 @@ def run_sft_vl(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % eval_every == 0:
-            right = greedy_correct(model, tok, e_rows, e_prompts, e_pixels)
+            right = greedy_correct(model, tok, e_rows, e_prompts, e_pixels, max_new_tokens, correct)
             acc, per_answer = sum(right) / len(right), per_answer_accuracy(e_rows, right)
             history.append({"step": step, "loss": float(loss.detach()), "accuracy": acc, "per_answer": per_answer})
             log(
