@@ -33,9 +33,9 @@ def check_cores(cfg: ExperimentConfig, source: str) -> None:
 
 def check_gpus(cfg: ExperimentConfig, source: str, count: int | None = None) -> None:
     """On a GPU machine (`count` GPUs; None: this one's, 0 on CPU): engines' `gpus` must exist, and a
-    schedule ahead of the trainer needs its rollout engines on GPUs the launcher says so (rollout.engine.gpus):
-    with the rank's own GPU, the trainer and the engine that generates while it trains would contend for it,
-    and the engine's memory share (vllm.gpu_memory_utilization) assumes they take turns."""
+    schedule ahead of the trainer needs rollout.engine.gpus, the GPUs its rollout engines run on: on the rank's
+    own GPU the trainer and the engine generating while it trains would contend for it, and the engine's memory
+    share (vllm.gpu_memory_utilization) assumes they take turns."""
     count = _gpus() if count is None else count
     if not count:
         return
