@@ -124,7 +124,15 @@ def logits_body(world, folder: str, tp: int, pp: int, ids: torch.Tensor) -> dict
 
 
 def trainer_step_body(
-    world, folder: str, tp: int, pp: int, batch, rows: list[list[int]], denominators: tuple, trainer_kwargs: dict
+    world,
+    folder: str,
+    tp: int,
+    pp: int,
+    batch,
+    rows: list[list[int]],
+    denominators: tuple,
+    trainer_kwargs: dict,
+    freeze_vision: bool = False,
 ) -> dict:
     """One MegatronTrainer.train_mini_batch on this rank's rows (by data-parallel rank) with the PPO loss:
     its stats, the weights after the step under HF names, and log-probs before the step."""
@@ -136,7 +144,7 @@ def trainer_step_body(
     cfg = TrainerConfig(
         backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp), **trainer_kwargs
     )
-    trainer = MegatronTrainer(folder, cfg, world, total_steps=4)
+    trainer = MegatronTrainer(folder, cfg, world, total_steps=4, freeze_vision=freeze_vision)
     mine = batch.select(rows[trainer.dp_rank])  # extras (old log-probs, advantages) come along
     logp, ent = trainer.logprobs(mine, with_entropy=True)
     stats = trainer.train_mini_batch(mine, Algorithm(AlgorithmConfig()).objective(*denominators))

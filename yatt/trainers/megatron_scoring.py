@@ -30,6 +30,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from yatt.trainers.packing import PackedLayout
+from yatt.trainers.scoring import ImageSlots, image_features, place_image_features
 
 
 def vocab_parallel_scores(
@@ -88,9 +89,11 @@ class MegatronScorer(nn.Module):
         with_entropy: bool,
         position_ids: Tensor | None = None,
         packed_layout: PackedLayout | None = None,
+        images: ImageSlots | None = None,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """input_ids [B, L] right-padded rows, or with `packed_layout` one packed row [1, N] with its
-        `position_ids` (yatt.trainers.packing.model_inputs); select indexes the flattened [B * L] or [N]."""
+        `position_ids` (yatt.trainers.packing.model_inputs); select indexes the flattened [B * L] or [N].
+        `images` (a VL policy's first stage): the tower's features go in their slots of the decoder input."""
         from megatron.core import parallel_state as ps
 
         gpt = self.module
@@ -102,6 +105,9 @@ class MegatronScorer(nn.Module):
         else:  # core attention reads the layout (yatt.trainers.megatron_attention) in place of a mask
             positions, mask = position_ids, packed_layout
         decoder_input, rotary, cos, sin, offset = gpt._preprocess(input_ids=input_ids, position_ids=positions)[:5]
+        if images is not None:  # decoder_input is sequence-first, [L, B, H]
+            features = image_features(gpt.vision, images, decoder_input.shape[-1], decoder_input.dtype)
+            decoder_input = place_image_features(decoder_input, features, images.source.t())
         if packed_layout is not None:
             # GPTModel's rotary table covers positions 0..N-1 of the row; a packed token takes its own
             # position's frequencies: [max + 1, 1, 1, D] indexed by position -> [N, 1, 1, D]

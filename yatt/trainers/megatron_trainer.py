@@ -42,14 +42,15 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
-from yatt.models.vision import is_vision_model
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch
 from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
+from yatt.trainers import megatron_vision as mv
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets, hf_units
 from yatt.trainers.packing import model_inputs, shared_prompts
-from yatt.trainers.torch_trainer import lr_factor
+from yatt.trainers.scoring import image_slots
+from yatt.trainers.torch_trainer import freeze_vision_tower, lr_factor
 
 
 def init_model_parallel(tp: int, pp: int) -> None:
@@ -88,8 +89,6 @@ class MegatronTrainer:
     ):
         if head not in mm.HEADS:
             raise ValueError(f"unknown trainer head {head!r}; one of: {', '.join(mm.HEADS)}")
-        if freeze_vision or is_vision_model(model_path):
-            raise ValueError(f"{model_path}: trainer.backend=megatron serves text models only")
         self.head = head
         if not dist.is_initialized():
             raise RuntimeError("trainer.backend=megatron runs under torchrun (it needs a process group)")
@@ -100,6 +99,11 @@ class MegatronTrainer:
         self.tp, self.pp = cfg.model_parallel  # trainer.megatron (yatt.trainers.megatron_config)
         # a value model's config says one label, as the torch backend's (save_hf writes a value model)
         self._hf_config = AutoConfig.from_pretrained(str(model_path), **({"num_labels": 1} if head == "value" else {}))
+        # a VL folder: the GPTModel is its language model, the tower its submodule (yatt.trainers.megatron_vision)
+        self.vision = mv.is_vision_config(self._hf_config)
+        if self.vision and head != "lm":
+            raise ValueError(f"{model_path}: a value model of a vision-language policy is not supported")
+        self._text = mv.text_config(self._hf_config)
         self.dtype = DTYPES[cfg.dtype]
         # packed micro-batches, as the torch backend's (yatt.trainers.packing, yatt.trainers.megatron_attention)
         self.packed = cfg.pack_sequences
@@ -120,26 +124,33 @@ class MegatronTrainer:
                     f"megatron placed rank {world.rank} at data-parallel rank {self.dp_rank}, not "
                     f"{(world.rank // self.tp) % self.dp_size} as yatt's data view assumes"
                 )
-            self.gpt = mm.build_gpt(self._hf_config, self.tp, self.pp, self.pp_rank, self.dtype, head)
+            self.gpt = mm.build_gpt(self._text, self.tp, self.pp, self.pp_rank, self.dtype, head)
             last = self.pp_rank == self.pp - 1
-            tied_output = self._hf_config.tie_word_embeddings and self.pp > 1 and last and head == "lm"
-            hf_state = read_hf_weights(Path(model_path))
+            tied_output = self._text.tie_word_embeddings and self.pp > 1 and last and head == "lm"
+            hf_state, tower = read_hf_weights(Path(model_path)), {}
+            if self.vision:
+                hf_state, tower = mv.split_state(hf_state, self._hf_config)
             state = mm.local_state_from_hf(
-                hf_state, self._hf_config, self.tp, self.tp_rank, self.pp, self.pp_rank, tied_output, head
+                hf_state, self._text, self.tp, self.tp_rank, self.pp, self.pp_rank, tied_output, head
             )
+            if self.vision and self.gpt.pre_process:
+                self.gpt.vision = mv.build_tower(self._hf_config, self.dtype)
+                state.update(tower)
             new_head = head == "value" and "score.weight" not in hf_state
             if new_head:  # every rank draws, so the global RNG moves alike on every rank (as with torch's critic)
                 fresh = self._new_value_head()
                 state.update(fresh if last else {})
-            del hf_state
+            del hf_state, tower
             self.gpt.load_state_dict({k: v.to(self.dtype) for k, v in state.items()}, strict=False)
             self._check_loaded(state)
+            if self.vision and freeze_vision:
+                freeze_vision_tower(self.gpt)
             # megatron's parallel linears take params_dtype, its norms (torch RMSNorm) do not: cast the rest
             # as megatron's Float16Module would
             self.gpt.to(world.device, self.dtype)
             if new_head and last:
                 self._agree_value_head()
-            self.scorer = MegatronScorer(self.gpt, self._hf_config.vocab_size)
+            self.scorer = MegatronScorer(self.gpt, self._text.vocab_size)
             self.model: torch.nn.Module = self.scorer
             if trainable:
                 self._build_optimizer()
@@ -150,7 +161,7 @@ class MegatronTrainer:
         """A new value head as transformers initialises a token-classification `score` missing from a folder
         (`_init_weights` of a Linear: normal(0, initializer_range) weight, zero bias), drawn in the weights'
         dtype from the global RNG: the torch backend's critic built at the same RNG state gets the same head."""
-        hidden, std = self._hf_config.hidden_size, self._hf_config.initializer_range
+        hidden, std = self._text.hidden_size, self._text.initializer_range
         return {
             "value_head.weight": torch.empty(1, hidden, dtype=self.dtype).normal_(0.0, std),
             "value_head.bias": torch.zeros(1, dtype=self.dtype),
@@ -251,9 +262,11 @@ class MegatronTrainer:
             mb = (batch.select(rows) if rows is not None else dummy).to(self.world.device)
             inputs = model_inputs(mb, self.packed, self.share_prompts)
             kw = inputs.kwargs
-            packed = {"position_ids": kw["position_ids"], "packed_layout": kw["packed_layout"]} if self.packed else {}
+            extra = {"position_ids": kw["position_ids"], "packed_layout": kw["packed_layout"]} if self.packed else {}
+            if mb.pixels and self.gpt.pre_process:  # the tower is the first stage's
+                extra["images"] = image_slots(mb, inputs, self._hf_config.image_token_id, self.dtype)
             with compat.off_cpu():  # the forward needs no device rewriting; the mode costs ~1.4 us a torch call
-                out = model(kw["input_ids"], inputs.select, inputs.targets, mb.temperature, with_entropy, **packed)
+                out = model(kw["input_ids"], inputs.select, inputs.targets, mb.temperature, with_entropy, **extra)
 
             def loss_func(scores):
                 logp, ent = scores
@@ -452,6 +465,8 @@ class MegatronTrainer:
         if weights is None:
             return
         auto = AutoModelForTokenClassification if self.head == "value" else AutoModelForCausalLM
+        if self.vision:
+            from transformers import AutoModelForImageTextToText as auto
         model = auto.from_config(self._hf_config, dtype=self.dtype)
         model.load_state_dict(weights, strict=False)
         model.save_pretrained(str(folder))

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from yatt.tensors import NamedTensors
 from yatt.trainers import megatron_model as mm
+from yatt.trainers import megatron_vision as mv
 
 _EXTRAS = (
     "embedding.word_embeddings.weight",
@@ -41,10 +42,11 @@ def tp_gather(name: str, t: Tensor, tp: int) -> Tensor:
 
 
 def _units(
-    gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int
+    gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, vision: bool
 ) -> Iterator[tuple[int, int, dict[str, Tensor] | None]]:
     """(owner stage, global layer, full megatron tensors or None if another stage owns them): the
-    embedding, final norm and head first (owner and layer -1: every stage holds some), then each layer."""
+    embedding, final norm and head first (owner and layer -1: every stage holds some), a VL policy's vision
+    tower (layer -2: the first stage's, replicated over TP), then each layer."""
     params = dict(gpt.named_parameters())
     yield (
         -1,
@@ -55,6 +57,8 @@ def _units(
             if name in params and not (name == "output_layer.weight" and hf.tie_word_embeddings)
         },
     )
+    if vision:
+        yield 0, -2, {k: p.detach() for k, p in params.items() if k.startswith(mv.TOWER)} if pp_rank == 0 else None
     for layer in range(hf.num_hidden_layers):
         owner = mm.layer_owner(hf, pp, layer)
         if owner != pp_rank:
@@ -65,35 +69,41 @@ def _units(
 
 
 def hf_units(
-    gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, device: torch.device
+    gpt: nn.Module, config: Any, tp: int, pp: int, pp_rank: int, device: torch.device
 ) -> Iterator[dict[str, Tensor]]:
-    """The policy as HF tensors, one unit at a time, on every rank of the model-parallel group."""
+    """The policy as HF tensors (under the names of `config`'s folder, a VL one's included), one unit at a
+    time, on every rank of the model-parallel group."""
     from megatron.core import parallel_state as ps
 
+    hf, vision = mv.text_config(config), mv.is_vision_config(config)
     group = ps.get_pipeline_model_parallel_group() if pp > 1 else None
     ranks = dist.get_process_group_ranks(group) if pp > 1 else None
-    for owner, layer, tensors in _units(gpt, hf, tp, pp, pp_rank):
+    for owner, layer, tensors in _units(gpt, hf, tp, pp, pp_rank, vision):
         if owner == -1:  # every stage holds some of the extras: each contributes its own
             parts = [tensors]
             if pp > 1:
                 parts = [None] * pp
                 dist.all_gather_object(parts, {k: v.cpu() for k, v in tensors.items()}, group=group)
-            yield mm.mcore_extras_to_hf({k: v for part in parts for k, v in part.items()}, hf)
-            continue
-        if pp > 1:
-            box = [None if tensors is None else {k: v.cpu() for k, v in tensors.items()}]
-            dist.broadcast_object_list(box, src=ranks[owner], group=group, device=device)
-            tensors = box[0]
-        yield {f"model.layers.{layer}.{k}": v for k, v in mm.mcore_layer_to_hf(tensors, hf).items()}
+            unit = mm.mcore_extras_to_hf({k: v for part in parts for k, v in part.items()}, hf)
+        else:
+            if pp > 1:
+                box = [None if tensors is None else {k: v.cpu() for k, v in tensors.items()}]
+                dist.broadcast_object_list(box, src=ranks[owner], group=group, device=device)
+                tensors = box[0]
+            if layer == -2:  # the vision tower: HF modules, their own names
+                unit = tensors
+            else:
+                unit = {f"model.layers.{layer}.{k}": v for k, v in mm.mcore_layer_to_hf(tensors, hf).items()}
+        yield {mv.folder_name(k, config): v for k, v in unit.items()} if vision else unit
 
 
 def gathered_buckets(
-    gpt: nn.Module, hf: Any, tp: int, pp: int, pp_rank: int, bucket_bytes: int, device: torch.device
+    gpt: nn.Module, config: Any, tp: int, pp: int, pp_rank: int, bucket_bytes: int, device: torch.device
 ) -> Iterator[NamedTensors]:
     """Buckets of about `bucket_bytes` of whole units (a unit larger than that is a bucket alone)."""
     bucket: NamedTensors = []
     size = 0
-    for unit in hf_units(gpt, hf, tp, pp, pp_rank, device):
+    for unit in hf_units(gpt, config, tp, pp, pp_rank, device):
         n = sum(t.numel() * t.element_size() for t in unit.values())
         if bucket and size + n > bucket_bytes:
             yield bucket

@@ -19,6 +19,8 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from yatt.algorithms import entropy_from_logits, token_logprobs
+from yatt.tensors import TokenBatch
+from yatt.trainers.packing import ModelInputs
 
 
 def _chunk_scores(
@@ -66,6 +68,50 @@ class ImageSlots:
     per_prompt: int  # image tokens per prompt (every image prompt of a batch has one image layout)
 
 
+def image_slots(mb: TokenBatch, inputs: ModelInputs, image_token_id: int, dtype: torch.dtype) -> ImageSlots:
+    """Where mb's image features go: the placeholders of each image row's prompt, in order, take its pixel
+    row's features; never a response token that is one (the engines embedded it as a plain token). Pixels in
+    the tower's dtype."""
+    response = torch.zeros_like(mb.attention_mask, dtype=torch.bool)
+    response[:, 1:] = mb.mask.bool()
+    slots = (mb.input_ids == image_token_id) & ~response & mb.attention_mask.bool()
+    counts = slots.sum(dim=1)
+    image_rows = mb.image_index >= 0
+    per_prompt = int(counts[image_rows][0]) if bool(image_rows.any()) else 0
+    if bool((counts != torch.where(image_rows, per_prompt, 0)).any()):
+        raise ValueError(
+            f"image slots per row {counts.tolist()} do not fit the rows' images (pixel rows "
+            f"{mb.image_index.tolist()}): every image prompt needs one layout, a text row none"
+        )
+    source = torch.where(slots, mb.image_index[:, None] * per_prompt + slots.cumsum(dim=1) - 1, -1)
+    pixels = {k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()}
+    return ImageSlots(pixels, inputs.tokens(source), per_prompt)
+
+
+def image_features(tower: nn.Module, images: ImageSlots, hidden: int, dtype: torch.dtype) -> Tensor:
+    """The vision tower (and connector) of a Hugging Face VL model's inner model (its `get_image_features`)
+    over one row per distinct image prompt -> [prompts x per_prompt, hidden]. It runs once per distinct
+    prompt, and each slot takes its feature by index (`place_image_features`), so a prompt's G samples, or the
+    one copy of it a packed group lays down, share one encoding; its gradient is the sum over the slots that
+    read it."""
+    features = tower.get_image_features(**images.pixels, return_dict=True).pooler_output
+    features = features.reshape(-1, hidden).to(dtype)
+    prompts = next(iter(images.pixels.values())).shape[0]
+    if features.shape[0] != prompts * images.per_prompt:
+        raise ValueError(
+            f"{images.per_prompt} image slots per prompt for {features.shape[0] // max(prompts, 1)} image features"
+        )
+    return features
+
+
+def place_image_features(embeds: Tensor, features: Tensor, source: Tensor) -> Tensor:
+    """embeds [..., H] with features[source] where source >= 0; source has embeds' layout without H (the
+    model input's [B, L] or [1, N], or megatron's sequence-first transpose of it)."""
+    slots = source >= 0
+    taken = features.index_select(0, source[slots])
+    return embeds.masked_scatter(slots[..., None].expand_as(embeds), taken)
+
+
 class TokenScorer(nn.Module):
     """A Hugging Face causal LM seen as (model inputs, scored positions) -> per-token log-probs [M].
 
@@ -96,23 +142,13 @@ class TokenScorer(nn.Module):
 
     def _merge_images(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """A vision-language model's decoder inputs: token embeddings with the vision tower's features in the
-        prompts' image slots only. The tower runs once per distinct prompt (`images.pixels` rows), and each
-        slot takes its feature by index, so a prompt's G samples, or the one copy of it a packed group lays
-        down, share one encoding; its gradient is the sum over the slots that read it. The model's own merge
-        would also fill a placeholder token that a response happens to contain, which the engines embedded as
-        a plain token when they sampled it."""
+        prompts' image slots only (`place_image_features`). The model's own merge would also fill a placeholder
+        token that a response happens to contain, which the engines embedded as a plain token when they
+        sampled it."""
         images: ImageSlots = kwargs.pop("images")
         embeds = self.lm.get_input_embeddings()(kwargs.pop("input_ids"))
-        features = self.lm.model.get_image_features(**images.pixels, return_dict=True).pooler_output
-        features = features.reshape(-1, embeds.shape[-1]).to(embeds.dtype)
-        prompts = next(iter(images.pixels.values())).shape[0]
-        if features.shape[0] != prompts * images.per_prompt:
-            raise ValueError(
-                f"{images.per_prompt} image slots per prompt for {features.shape[0] // max(prompts, 1)} image features"
-            )
-        slots = images.source >= 0
-        taken = features.index_select(0, images.source[slots])
-        kwargs["inputs_embeds"] = embeds.masked_scatter(slots[..., None].expand_as(embeds), taken)
+        features = image_features(self.lm.model, images, embeds.shape[-1], embeds.dtype)
+        kwargs["inputs_embeds"] = place_image_features(embeds, features, images.source)
         return kwargs
 
 

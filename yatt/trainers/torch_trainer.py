@@ -32,8 +32,8 @@ from yatt.models.lora_config import LoRAConfig
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_buckets
 from yatt.trainers.lora import AdapterOff, Adapters
-from yatt.trainers.packing import ModelInputs, attention_implementation, model_inputs, shared_prompts
-from yatt.trainers.scoring import ImageSlots, TokenScorer, ValueScorer
+from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
+from yatt.trainers.scoring import TokenScorer, ValueScorer, image_slots
 
 HEADS = ("lm", "value")
 
@@ -166,7 +166,9 @@ class TorchTrainer:
         zero outside mb.mask."""
         inputs = model_inputs(mb, self.packed, self.share_prompts)
         if mb.pixels:
-            inputs.kwargs["images"] = self._image_slots(mb, inputs)
+            inputs.kwargs["images"] = image_slots(
+                mb, inputs, self.module.config.image_token_id, next(self.module.parameters()).dtype
+            )
         autocast = (
             torch.autocast(self.world.device.type, dtype=torch.bfloat16)
             if self.cfg.autocast == "bfloat16"
@@ -179,25 +181,6 @@ class TorchTrainer:
             return mb.mask.new_zeros(mb.mask.shape).index_put((inputs.rows, inputs.cols), values)
 
         return place(logp), place(ent) if with_entropy else None
-
-    def _image_slots(self, mb: TokenBatch, inputs: ModelInputs) -> ImageSlots:
-        """Where mb's image features go: the placeholders of each image row's prompt, in order, take its pixel
-        row's features; never a response token that is one (the engines embedded it as a plain token)."""
-        response = torch.zeros_like(mb.attention_mask, dtype=torch.bool)
-        response[:, 1:] = mb.mask.bool()
-        slots = (mb.input_ids == self.module.config.image_token_id) & ~response & mb.attention_mask.bool()
-        counts = slots.sum(dim=1)
-        image_rows = mb.image_index >= 0
-        per_prompt = int(counts[image_rows][0]) if bool(image_rows.any()) else 0
-        if bool((counts != torch.where(image_rows, per_prompt, 0)).any()):
-            raise ValueError(
-                f"image slots per row {counts.tolist()} do not fit the rows' images (pixel rows "
-                f"{mb.image_index.tolist()}): every image prompt needs one layout, a text row none"
-            )
-        source = torch.where(slots, mb.image_index[:, None] * per_prompt + slots.cumsum(dim=1) - 1, -1)
-        dtype = next(self.module.parameters()).dtype
-        pixels = {k: v.to(dtype) if v.is_floating_point() else v for k, v in mb.pixels.items()}
-        return ImageSlots(pixels, inputs.tokens(source), per_prompt)
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask)."""
