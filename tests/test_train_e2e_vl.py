@@ -1,11 +1,14 @@
-"""Image prompts through the launcher: torchrun, 2 ranks, real engines, DDP trainer on the tiny VL policy."""
+"""Image prompts through the launcher: torchrun, 2 ranks, real engines, the tiny VL policy trained by the torch
+backend's DDP, or by the megatron backend at TP=2 (its checkpoints exporting Hugging Face VL folders)."""
 
 import json
 import math
 
 import pytest
+import torch
 from e2e import torchrun
 from safetensors.torch import load_file
+from transformers import AutoModelForImageTextToText
 
 from yatt.models.vision import vision_parameter
 from yatt.quickstart.sft_vl import run_sft_vl
@@ -14,9 +17,11 @@ from yatt.quickstart.shapes import write_shapes_files
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module", params=["vllm", "hf", "hf-balanced"])
+@pytest.fixture(scope="module", params=["vllm", "hf", "hf-balanced", "hf-megatron"])
 def run(request, tmp_path_factory):
     backend, balanced = request.param.split("-")[0], request.param.endswith("balanced")
+    megatron = request.param.endswith("megatron")
+    trainer = "backend: megatron, megatron: {tensor_parallel: 2}, " if megatron else ""
     tmp = tmp_path_factory.mktemp(f"vl_{request.param}")
     # a short warm-up: the answer format and the majority answer, so sampled groups have reward variance
     write_shapes_files(tmp / "data", sizes={"sft": 256, "train": 32, "eval": 8})
@@ -35,14 +40,15 @@ data:
 rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: {backend}{vllm}}}}}
 balance: {{enabled: {str(balanced).lower()}}}
 algorithm: {{mini_batches: 2}}
-trainer: {{lr: 0.01, micro_batch_size: 16}}
+trainer: {{{trainer}lr: 0.01, micro_batch_size: 16}}
+checkpoint: {{every: 2, export_hf: {str(megatron).lower()}}}
 run: {{name: e2e, output_dir: {tmp / "runs"}, steps: 2, eval_every: 2}}
 """)
-    return torchrun(config, "--placement", "full", cwd=tmp), tmp / "runs" / "e2e", policy
+    return torchrun(config, "--placement", "full", cwd=tmp), tmp / "runs" / "e2e", policy, megatron
 
 
 def test_image_run_trains_and_engines_follow(run):
-    proc, run_dir, policy = run
+    proc, run_dir, policy, megatron = run
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -58,6 +64,12 @@ def test_image_run_trains_and_engines_follow(run):
     vision = [k for k in before if vision_parameter(k)]
     assert vision and max((before[k] - after[k]).abs().max().item() for k in vision) > 1e-4  # the tower trained
     assert (run_dir / "policy" / "processor_config.json").is_file()  # exported as a VL folder
+    export = run_dir / "checkpoints" / "step-00000002" / "policy"
+    assert export.is_dir() == megatron
+    if megatron:  # checkpoint.export_hf: the shards gathered into the same VL folder
+        assert load_file(export / "model.safetensors").keys() == after.keys()
+        assert all(torch.equal(load_file(export / "model.safetensors")[k], after[k]) for k in after)
+        assert AutoModelForImageTextToText.from_pretrained(export) is not None
     moved = sum(r.get("balance/moved_samples", 0) for r in records[1:])
     assert sum(r.get("balance/moved_pixel_bytes", 0) for r in records[1:]) == moved * 4 * (3 * 32 * 32 + 32 * 32)
 

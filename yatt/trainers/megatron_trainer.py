@@ -22,6 +22,10 @@ from the folder's `score` when the folder is a saved value model (one-label toke
 transformers initialises a new `score` (normal(0, initializer_range) from the global RNG, zero bias), so the
 torch backend's critic and this one start equal for the same seed.
 
+A vision-language folder: the GPTModel of its text config, with the folder's vision tower and connector as its
+submodule `vision` on the first stage, replicated over TP (yatt.trainers.megatron_vision); its weights go out
+under the folder's names.
+
 bfloat16: the model's weights and gradients are bfloat16, and megatron's optimizer keeps float32 master
 weights and Adam state (sharded over DP), as megatron always does for half-precision training.
 """
