@@ -76,7 +76,8 @@ def test_image_run_trains_and_engines_follow(run):
 
 def test_a_step_trains_text_and_image_prompts_in_one_batch(tmp_path):
     """Mixed rows: the data holds image prompts and text prompts, so each step's batch (and micro-batch) mixes
-    them; the engines' log-probs of both kinds agree with the trainer's on the mixed batches."""
+    them, balanced across the ranks; the engines' log-probs of both kinds agree with the trainer's on the mixed
+    batches."""
     write_shapes_files(tmp_path / "data", sizes={"sft": 256, "train": 24, "eval": 8})
     policy = tmp_path / "policy0"
     run_sft_vl(tmp_path / "data", policy, stop_at=1.01, batch_size=32, max_steps=60, eval_every=60, log=lambda _: None)
@@ -97,6 +98,7 @@ data:
   eval_prompts: 8
   max_prompt_tokens: 32
 rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: hf}}}}
+balance: {{enabled: true}}
 algorithm: {{mini_batches: 1}}
 trainer: {{lr: 0.01, micro_batch_size: 32}}
 run: {{name: mixed, output_dir: {tmp_path / "runs"}, steps: 2, eval_every: 2}}
@@ -107,4 +109,6 @@ run: {{name: mixed, output_dir: {tmp_path / "runs"}, steps: 2, eval_every: 2}}
     assert [r["step"] for r in records] == [0, 1, 2]
     for r in records[1:]:
         assert math.isfinite(r["actor/policy_loss"]) and r["rollout/samples"] == 32
+        assert math.isfinite(r["balance/imbalance_after"])
         assert r["rollout/trainer_logprob_diff_max"] < 1e-3, r
+    assert sum(r["balance/moved_samples"] for r in records[1:]) > 0, "no mixed step was rebalanced"

@@ -6,10 +6,12 @@ Protocol (every rank runs the same code):
    deterministic, and its parts are mapped to ranks so that as much work as possible stays in place.
 3. `exchange`: only units whose destination differs from their source travel, point to point
    (`World.exchange`: isend/irecv, gloo has no all_to_all), as two flat CPU tensors per (source, destination) pair:
-   int64 [origin rank, origin index, finish code, prompt ids, response ids, response mask] per sample and
-   float64 [reward, logprobs] per sample, plus for image prompts a float32 buffer of the already-encoded pixel
-   inputs (the trainer's, not the image files: a moved sample's images are never read again). No pickle;
-   receivers size their buffers from the plan and from the pixel layout the ranks agree on (`_pixel_layout`).
+   int64 [origin rank, origin index, finish code, has images, prompt ids, response ids, response mask] per
+   sample and float64 [reward, logprobs] per sample. When any rank holds image prompts a second round follows:
+   a float32 buffer of each moved image sample's already-encoded pixel inputs (the trainer's, not the image
+   files: a moved sample's images are never read again), sized from the first round's has-images flags and
+   the pixel layout the ranks agree on (`_pixel_layout`); text samples of the same step move without pixels.
+   No pickle; receivers size every buffer from the plan, the flags and the layout.
 A rank's rollouts after the exchange are ordered by origin (rank, index), so a GRPO group (a unit of
 G consecutive samples) stays consecutive. `restore_order` sends per-sample values back to the rank
 and position each sample came from, for anything logged per original sample.
@@ -43,7 +45,7 @@ class Plan:
     lengths: Lengths
     workloads: list[list[float]]  # [rank][unit]
     dest: list[list[int]]  # [rank][unit] -> destination rank
-    pixel_bytes: int = 0  # encoded pixel inputs per image sample, moved along with it (0 for text)
+    moved_pixel_bytes: int = 0  # encoded pixel inputs of the moved image samples, all ranks (0 for text)
 
     def rank_loads(self, after: bool) -> list[float]:
         loads = [0.0] * len(self.dest)
@@ -75,7 +77,7 @@ class Plan:
             "balance/imbalance_before": self.imbalance(after=False),
             "balance/imbalance_after": self.imbalance(after=True),
             "balance/moved_samples": float(self.moved_samples),
-            "balance/moved_pixel_bytes": float(self.moved_samples * self.pixel_bytes),
+            "balance/moved_pixel_bytes": float(self.moved_pixel_bytes),
         }
 
 
@@ -162,7 +164,8 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
             raise ValueError(f"sample {s.origin}: {len(s.rollout_logprobs)} logprobs for {len(s.response_ids)} tokens")
         if s.finish_reason not in FINISH_REASONS:
             raise ValueError(f"sample {s.origin}: finish_reason {s.finish_reason!r} is none of {FINISH_REASONS}")
-        ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), *s.prompt_ids, *s.response_ids]
+        ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), int(s.vision is not None)]
+        ints += [*s.prompt_ids, *s.response_ids]
         ints += s.loss_mask()  # an agent loop's response mask (all 1 for a single-turn sample)
         floats += [s.reward, s.baseline, *s.rollout_logprobs]
     return torch.tensor(ints, dtype=torch.int64), torch.tensor(floats, dtype=torch.float64)
@@ -170,15 +173,17 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _unpack(
     ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, int]], lengths: Lengths
-) -> list[Rollout]:
+) -> tuple[list[Rollout], list[bool]]:
+    """The received samples, and for each whether it has images (its pixels come in the second round)."""
     ints_l, floats_l = ints.tolist(), floats.tolist()
-    out, a, b = [], 0, 0
+    out, images, a, b = [], [], 0, 0
     for rank, index in origins:
         p, r = lengths[rank][index]
         if (ints_l[a], ints_l[a + 1]) != (rank, index):
             raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a : a + 2])}")
-        finish, prompt, response = ints_l[a + 2], ints_l[a + 3 : a + 3 + p], ints_l[a + 3 + p : a + 3 + p + r]
-        mask = ints_l[a + 3 + p + r : a + 3 + p + 2 * r]
+        finish, prompt, response = ints_l[a + 2], ints_l[a + 4 : a + 4 + p], ints_l[a + 4 + p : a + 4 + p + r]
+        mask = ints_l[a + 4 + p + r : a + 4 + p + 2 * r]
+        images.append(bool(ints_l[a + 3]))
         out.append(
             Rollout(
                 None,
@@ -192,8 +197,8 @@ def _unpack(
                 response_mask=mask if 0 in mask else [],
             )
         )
-        a, b = a + 3 + p + 2 * r, b + 2 + r
-    return out
+        a, b = a + 4 + p + 2 * r, b + 2 + r
+    return out, images
 
 
 # the processor outputs a moved image sample may carry, by code (the layout travels as ints)
@@ -238,21 +243,20 @@ def _layout_of(sample: Rollout) -> PixelLayout:
     return PixelLayout(tuple((k, pixels[k].dtype, tuple(pixels[k].shape)) for k in sorted(pixels)))
 
 
-def _pixel_layout(world: World, samples: Sequence[Rollout]) -> PixelLayout | None:
-    """The one pixel layout of every rank's image samples (None: no rank has any). Every rank reaches the same
-    verdict from the gathered specs, so a refusal (several layouts, or text mixed with images) is raised on all
-    ranks alike instead of leaving the others waiting in the exchange."""
+def _pixel_layout(world: World, samples: Sequence[Rollout], plan: Plan) -> tuple[PixelLayout | None, int]:
+    """The one pixel layout of every rank's image samples (None: no rank has any), and how many image samples
+    the plan moves in all. Every rank reaches the same verdict from the gathered specs, so a refusal (several
+    layouts) is raised on all ranks alike instead of leaving the others waiting in the exchange."""
     mine = {_layout_of(s) for s in samples if s.vision is not None}
     spec = next(iter(mine)).encode() if len(mine) == 1 else [0] * _SPEC_WIDTH
     spec[-2] = int(len(mine) > 1)  # this rank holds several layouts
-    spec[-1] = int(any(s.vision is None for s in samples))  # this rank holds text samples
+    leaving = [i for peer in range(world.size) if peer != world.rank for i in plan.moves(world.rank, peer)]
+    spec[-1] = sum(samples[i].vision is not None for i in leaving)  # this rank's image samples that move
     gathered = [g[0].tolist() for g in world.all_gather(torch.tensor(spec, dtype=torch.int64)[None])]
     layouts = {tuple(g[:-2]) for g in gathered if g[0] > 0}
     if any(g[-2] for g in gathered) or len(layouts) > 1:
         raise ValueError("image samples of different pixel layouts cannot be balanced yet")
-    if layouts and any(g[-1] for g in gathered):
-        raise ValueError("a step mixes text and image samples; they cannot be balanced together yet")
-    return PixelLayout.decode(list(layouts.pop())) if layouts else None
+    return (PixelLayout.decode(list(layouts.pop())) if layouts else None), sum(g[-1] for g in gathered)
 
 
 def _pack_pixels(samples: list[Rollout], layout: PixelLayout) -> torch.Tensor:
@@ -284,12 +288,13 @@ def _unpack_pixels(flat: torch.Tensor, samples: list[Rollout], layout: PixelLayo
 
 def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
     pairs = [lengths[rank][i] for rank, i in origins]
-    return sum(3 + p + 2 * r for p, r in pairs), sum(2 + r for _, r in pairs)
+    return sum(4 + p + 2 * r for p, r in pairs), sum(2 + r for _, r in pairs)
 
 
 def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayout | None = None) -> list[Rollout]:
     """This rank's samples after the plan: kept ones plus received ones, ordered by origin. With a pixel
-    `layout` (image prompts, the same on every rank) every sample carries its encoded pixel inputs."""
+    `layout` (image prompts on some rank, the same layout on every rank) each moved image sample carries its
+    encoded pixel inputs, in a second round."""
     rank, sends, recvs, inbox = world.rank, {}, {}, []
     keep = set(plan.moves(rank, rank))
     for peer in range(world.size):
@@ -297,25 +302,41 @@ def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayo
             continue
         outgoing = plan.moves(rank, peer)
         if outgoing:
-            moved = [samples[i] for i in outgoing]
-            sends[peer] = (*_pack(moved), *([_pack_pixels(moved, layout)] if layout else []))
+            sends[peer] = _pack([samples[i] for i in outgoing])
         origins = [(peer, i) for i in plan.moves(peer, rank)]
         if origins:
             n_int, n_float = _message_sizes(plan.lengths, origins)
-            recvs[peer] = (
-                torch.empty(n_int, dtype=torch.int64),
-                torch.empty(n_float, dtype=torch.float64),
-                *([torch.empty(len(origins) * layout.floats)] if layout else []),
-            )
-            inbox.append((recvs[peer], origins))
+            recvs[peer] = (torch.empty(n_int, dtype=torch.int64), torch.empty(n_float, dtype=torch.float64))
+            inbox.append((peer, origins))
     world.exchange(sends, recvs)
     held = [s for i, s in enumerate(samples) if i in keep]
-    for buffers, origins in inbox:
-        received = _unpack(buffers[0], buffers[1], origins, plan.lengths)
-        if layout:
-            _unpack_pixels(buffers[2], received, layout)
-        held += received
+    arrived = {peer: _unpack(*recvs[peer], origins, plan.lengths) for peer, origins in inbox}
+    if layout is not None:
+        _exchange_pixels(world, samples, plan, layout, arrived)
+    held += [s for received, _ in arrived.values() for s in received]
     return sorted(held, key=lambda s: s.origin)
+
+
+def _exchange_pixels(
+    world: World,
+    samples: list[Rollout],
+    plan: Plan,
+    layout: PixelLayout,
+    arrived: dict[int, tuple[list[Rollout], list[bool]]],
+) -> None:
+    """The second round: each moved image sample's pixel inputs, to the samples the first round delivered."""
+    sends, recvs = {}, {}
+    for peer in range(world.size):
+        moved = [samples[i] for i in plan.moves(world.rank, peer) if samples[i].vision is not None]
+        if peer != world.rank and moved:
+            sends[peer] = [_pack_pixels(moved, layout)]
+    for peer, (_, images) in arrived.items():
+        if any(images):
+            recvs[peer] = [torch.empty(sum(images) * layout.floats)]
+    world.exchange(sends, recvs)
+    for peer, (received, images) in arrived.items():
+        if any(images):
+            _unpack_pixels(recvs[peer][0], [s for s, has in zip(received, images) if has], layout)
 
 
 def restore_order(world: World, plan: Plan, values: torch.Tensor) -> torch.Tensor:
@@ -360,7 +381,7 @@ def rebalance(
     plan = plan_rebalance(gather_lengths(world, samples), unit_size, attention_coef, partitioner, equal_count, enabled)
     if plan.moved_samples == 0:
         return exchange(world, samples, plan), plan
-    layout = _pixel_layout(world, samples)
+    layout, moved_images = _pixel_layout(world, samples, plan)
     if layout is not None:
-        plan = replace(plan, pixel_bytes=4 * layout.floats)  # they travel as float32
+        plan = replace(plan, moved_pixel_bytes=4 * layout.floats * moved_images)  # they travel as float32
     return exchange(world, samples, plan, layout), plan
