@@ -1,6 +1,7 @@
 """GenRM judges of image prompts through the launcher: 2 ranks, partial placement (one device rolls out the tiny VL
 policy while the other judges), real hf engines. A VL judge (sees the images) and a text-only judge (reads the
-text); both random, so most verdicts are unreadable and genrm_with_rule keeps a learning signal."""
+text); both random, so most verdicts are unreadable and genrm_with_rule keeps a learning signal. The VL judge
+also with the policy on the megatron backend at TP=2 with balancing: the composed configuration with images."""
 
 import json
 import math
@@ -26,8 +27,9 @@ def setup(tmp_path_factory):
     }
 
 
-def run(tmp, folders, judge: str, template: str):
-    config = tmp / f"{judge}.yaml"
+def run(tmp, folders, judge: str, template: str, name: str | None = None, trainer: str = ""):
+    name = name or judge
+    config = tmp / f"{name}.yaml"
     config.write_text(f"""
 model: {{path: {folders["policy"]}}}
 data:
@@ -42,12 +44,13 @@ reward:
   judges:
     - {{name: j, model: {folders[judge]}, template: "{template}", max_tokens: 3, unparseable_score: 0.5,
         engine: {{backend: hf}}}}
-trainer: {{lr: 0.01, micro_batch_size: 32}}
-run: {{name: {judge}, output_dir: {tmp / "runs"}, steps: 2, eval_every: 2}}
+trainer: {{{trainer}lr: 0.01, micro_batch_size: 32}}
+balance: {{enabled: true}}
+run: {{name: {name}, output_dir: {tmp / "runs"}, steps: 2, eval_every: 2}}
 """)
     proc = torchrun(config, "--placement", "partial", cwd=tmp)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = [json.loads(line) for line in (tmp / "runs" / judge / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     for r in records[1:]:
         assert r["genrm/judged"] == 32  # every sample judged once (8 prompts x 4 samples)
@@ -61,6 +64,16 @@ run: {{name: {judge}, output_dir: {tmp / "runs"}, steps: 2, eval_every: 2}}
 
 def test_vl_judge_under_partial_placement(setup):
     run(*setup, "vl", "{images}{question}:{response}?")
+
+
+def test_vl_judge_under_partial_placement_with_a_megatron_tp2_policy(setup):
+    run(
+        *setup,
+        "vl",
+        "{images}{question}:{response}?",
+        "megatron",
+        "backend: megatron, megatron: {tensor_parallel: 2}, ",
+    )
 
 
 def test_text_judge_of_image_prompts_under_partial_placement(setup):

@@ -1,7 +1,8 @@
 """Image prompts resume exactly after kill -9: 2 ranks, real hf engines, the tiny VL policy, dynamic sampling
 (its queue carries groups over steps) and one_step_off (a checkpoint holds the batches made ahead). A
 checkpoint stores rows, not pixels; resuming reads and encodes the images again (controllers.images
-.reload_images), so the resumed run's metrics and weights equal the uninterrupted run's."""
+.reload_images), so the resumed run's metrics and weights equal the uninterrupted run's; with the torch backend
+and with the megatron backend at TP=2 (its checkpoint holds each rank's shard, the vision tower included)."""
 
 import json
 
@@ -16,7 +17,9 @@ pytestmark = pytest.mark.engine
 STEPS = 6
 
 
-def test_image_prompts_with_dynamic_sampling_ahead_resume_exactly_after_kill_9(tmp_path):
+@pytest.mark.parametrize("trainer", ["torch", "megatron"])
+def test_image_prompts_with_dynamic_sampling_ahead_resume_exactly_after_kill_9(tmp_path, trainer):
+    backend = "backend: megatron, megatron: {tensor_parallel: 2}, " if trainer == "megatron" else ""
     write_shapes_files(tmp_path / "data", sizes={"sft": 256, "train": 48, "eval": 8})
     policy = tmp_path / "policy0"
     run_sft_vl(tmp_path / "data", policy, stop_at=1.01, batch_size=32, max_steps=60, eval_every=60, log=lambda _: None)
@@ -31,7 +34,7 @@ data:
   max_prompt_tokens: 32
 rollout: {{group_size: 4, max_new_tokens: 2, engine: {{backend: hf}}, schedule: {{mode: one_step_off}}}}
 algorithm: {{mini_batches: 2, dynamic_sampling: {{enabled: true, max_rounds: 2, initial_oversample: 1.5}}}}
-trainer: {{lr: 0.01, micro_batch_size: 16}}
+trainer: {{{backend}lr: 0.01, micro_batch_size: 16}}
 checkpoint: {{every: 2, keep: 2}}
 run: {{name: r, steps: {STEPS}, eval_every: 3}}
 """)
