@@ -28,7 +28,6 @@ and samples/s per schedule).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import pyplot, run_training, shown, slug, table
+from harness import pyplot, run_training, shown, slug, table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEDULES = {  # name: overrides
@@ -168,9 +167,7 @@ def main() -> int:
         *(f"| {r['variant']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps({"settings": settings, "schedules": rows}, indent=2) + "\n")
-    Path(f"{args.out}.md").write_text("\n".join(md))
+    write_results(args.out, {"settings": settings, "schedules": rows}, md)
     plt = pyplot()
     if plt is not None:
         fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
@@ -185,7 +182,6 @@ def main() -> int:
         right.set_ylabel("samples/s")
         fig.tight_layout()
         fig.savefig(f"{args.out}.png", dpi=100)
-    print("\n".join(md))
     return 0
 
 

@@ -81,6 +81,14 @@ def run_training(what: str, config: Path, nproc: int, overrides: list[str], work
     return [json.loads(line) for line in (work / run_name / "metrics.jsonl").read_text().splitlines()]
 
 
+def write_results(out: str | Path, results: dict, md: list[str]) -> None:
+    """A benchmark's results next to each other: `out`.json (the numbers) and `out`.md (the report, also printed)."""
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{out}.json").write_text(json.dumps(results, indent=2) + "\n")
+    Path(f"{out}.md").write_text("\n".join(md))
+    print("\n".join(md))
+
+
 def cell(value) -> str:
     """Floats to 3 decimals, or 3 significant digits when smaller than that shows (a log-prob drift of 1e-6)."""
     if not isinstance(value, float):

@@ -27,7 +27,6 @@ Writes <out>.json and <out>.md.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import run_training, shown, slug, table
+from harness import run_training, shown, slug, table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 HF = ["rollout.engine.backend=hf", "rollout.engine.vllm=null"]
@@ -169,10 +168,7 @@ def main() -> int:
         *(f"| {r['variant']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
         "",
     ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps({"settings": settings, "variants": rows}, indent=2) + "\n")
-    Path(f"{args.out}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_results(args.out, {"settings": settings, "variants": rows}, md)
     return 0
 
 

@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import add_worker_args, pyplot, rank_result, run_worker, shown, slug, table, vm_kib
+from harness import add_worker_args, pyplot, rank_result, run_worker, shown, slug, table, vm_kib, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 OFF = {"pack_sequences": False, "share_prompts": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
@@ -388,8 +388,6 @@ def main() -> int:
             for r in rows:
                 r["logprob_drift_max"] = max(float((p - q).abs().max()) for p, q in zip(r.pop("_probes"), reference))
             results["100m"] = rows
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
     md = ["# Step time: every efficiency option off, each one on, and all of them\n"]
     if "quickstart" in results:
         md += [
@@ -429,9 +427,8 @@ def main() -> int:
             ),
             "",
         ]
-    Path(f"{args.out}.md").write_text("\n".join(md))
+    write_results(args.out, results, md)
     plot(results, Path(f"{args.out}.png"))
-    print("\n".join(md))
     return 0
 
 

@@ -53,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import add_worker_args, rank_result, run_worker, shown, slug, table, vm_kib
+from harness import add_worker_args, rank_result, run_worker, shown, slug, table, vm_kib, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {  # name: trainer settings besides the defaults
@@ -320,10 +320,7 @@ def main() -> int:
             f"TP=2 / torch per-rank state (params + grads + optimizer): {ratio:.3f} "
             f"(acceptance <= {TP_STATE_BAR}: {'pass' if ok else 'FAIL'})\n"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
-    Path(f"{args.out}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_results(args.out, results, md)
     return 0 if ok else 1
 
 

@@ -50,7 +50,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import add_worker_args, rank_result, run_worker, shown, slug, table, vm_kib
+from harness import add_worker_args, rank_result, run_worker, shown, slug, table, vm_kib, write_results
 from proc_memory import reset_peak
 
 REPO = Path(__file__).resolve().parents[1]
@@ -291,10 +291,7 @@ def main() -> int:
             f"packed / today: batch pixels {pixels:.3f} (acceptance <= 1/G = {1 / args.group_size:.3f}), "
             f"step time {step:.2f}x (acceptance <= {TIME_BAR}x): {'met' if ok else 'NOT met'}\n"
         )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
-    Path(f"{args.out}.md").write_text("\n".join(md))
-    print("\n".join(md))
+    write_results(args.out, results, md)
     return 0 if ok else 1
 
 

@@ -142,11 +142,14 @@ JUDGE_TINY = TinyModelConfig(
 )
 
 
-def genrm_reward(tmp: Path, engine: str) -> str:
+def genrm_reward(tmp: Path, engine: str, positions: int = 32) -> str:
     """The reward section of a run judged by a random tiny judge (written to tmp/judge, seed 4) mixed with the
     rule. Its verdicts are mostly unreadable, which exercises the fallback; the rule part keeps a learning
-    signal. `engine`: the judge's engine section as YAML flow, e.g. "{backend: hf}"."""
-    judge = write_tiny_model(tmp / "judge", JUDGE_TINY.model_copy(update={"max_position_embeddings": 32}), seed=4)
+    signal. `engine`: the judge's engine section as YAML flow, e.g. "{backend: hf}"; `positions`: the judge's
+    context (responses longer than a few tokens need more than 32)."""
+    judge = write_tiny_model(
+        tmp / "judge", JUDGE_TINY.model_copy(update={"max_position_embeddings": positions}), seed=4
+    )
     return f"""reward:
   kind: genrm_with_rule
   judges:

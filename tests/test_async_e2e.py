@@ -148,3 +148,30 @@ run: {{name: r, steps: 4, eval_every: 2}}
     steps = [r for r in records(stale) if r["step"] > 0]
     assert [r["async/staleness_max"] for r in steps] == [0.0, 1.0, 1.0, 1.0]
     assert all(r["genrm/judged"] > 0 for r in steps)
+
+
+def test_partial_placement_with_partial_rollouts(tmp_path):
+    """in_flight: resume with placement.mode=partial: both ranks' producers roll out on rank 0's engine while
+    rank 1's judges them, and a push interrupts them mid-batch. The ranks push together once every producer has
+    let go of the engines (rank 1, judging, only keeps the weights for its sleeping rollout engine); the
+    interrupted samples resume on the new weights, every token keeps its version and every sample is judged."""
+    path = experiment(
+        tmp_path,
+        f"""rollout:
+  group_size: 8
+  max_new_tokens: 24     # generation outlasts the tiny trainer's step: pushes land mid-batch
+  engine: {{backend: hf}}
+  schedule: {{mode: async, max_staleness: 1, in_flight: resume}}
+{genrm_reward(tmp_path, "{backend: hf}", positions=64)}trainer: {{lr: 0.01, micro_batch_size: 32}}
+algorithm: {{mini_batches: 2}}
+run: {{name: r, steps: {STEPS}, eval_every: 3}}
+""",
+        model=JUDGE_TINY,
+        name="partial_resume.yaml",
+    )
+    steps = [r for r in records(run(tmp_path, "pr", path, "--placement", "partial")) if r["step"] > 0]
+    assert [r["step"] for r in steps] == list(range(1, STEPS + 1))
+    for r in steps:
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float)), r
+        assert r["async/staleness_max"] <= 1 and r["genrm/judged"] == r["rollout/samples"] > 0
+    assert sum(r["async/resumed_samples"] for r in steps) > 0, [r["async/resumed_samples"] for r in steps]

@@ -109,8 +109,6 @@ def test_impossible_combinations(tmp_path, model_dir):
     ]
     with pytest.raises(ConfigError, match="tensor_parallel x pipeline_parallel = 4 must divide the 2 ranks"):
         check_run(load_experiment(path, megatron), 2, str(path))
-    with pytest.raises(ConfigError, match="in_flight=resume with placement.mode=partial is not implemented yet"):
-        load_experiment(path, ["rollout.schedule.mode=async", "rollout.schedule.in_flight=resume"], placement="partial")
     with pytest.raises(ConfigError, match="rollout.sync_every must be 1"):
         load_experiment(path, ["rollout.schedule.mode=one_step_off", "rollout.sync_every=2"])
     with pytest.raises(ConfigError, match="in_flight=resume: the sync schedule never pushes while requests"):

@@ -189,3 +189,54 @@ def test_in_flight_resume_pushes_mid_batch_and_the_batch_goes_on_with_the_new_we
     for step, r in enumerate(trained, start=1):
         assert r.token_versions == sorted(r.token_versions) and r.version >= step - 2
     assert any(len(set(r.token_versions)) > 1 for r in trained)  # a batch made with two versions
+
+
+def test_ranks_sharing_engines_push_together_while_a_producer_waits_on_another():
+    """Partial placement with in_flight: resume, two ranks as threads in one process: each rank's producer makes its
+    share of a batch, then waits for the other's (partial placement's barrier) inside `released`. Rank 1's share
+    outlasts the trainer's step, so it pauses for the push while rank 0's producer already waits at the barrier;
+    the main threads push together (`barrier`). Were the engines held through the producers' barrier, rank 0's push
+    would wait for its producer, which waits for rank 1's, which waits for the push: the barriers time out."""
+    producers, mains = threading.Barrier(2, timeout=10), threading.Barrier(2, timeout=10)
+    schedules: dict[int, AheadSchedule] = {}
+
+    def producer_of(rank: int):
+        def produce(step: int, timer: StageTimer, version: int) -> Batch:
+            schedule, versions = schedules[rank], []
+            for _ in range(3 if rank == 0 else 40):  # 'tokens'; a paused producer goes on with the new weights
+                if schedule.pending():
+                    schedule.pause()
+                versions.append(schedule.version)
+                time.sleep(0.005)
+            with schedule.released():
+                producers.wait()
+            rollout = Rollout(None, [1], [2] * len(versions), [-0.5] * len(versions), "stop", origin=(rank, step))
+            rollout.version, rollout.token_versions = versions[0], versions
+            return Batch([rollout], GenerationStats(), {}, {"rollout": 0.0, "genrm": 0.0}, 0)
+
+        return produce
+
+    for rank in (0, 1):
+        schedules[rank] = AheadSchedule(producer_of(rank), 0, 1, last_step=4, resume=True, barrier=mains.wait)
+    trained: dict[int, list[list[int]]] = {}
+
+    def main(rank: int) -> None:
+        seen = []
+        for step in range(1, 5):
+            seen.append(schedules[rank].take(step, StageTimer()).rollouts[0].token_versions)
+            time.sleep(0.05)  # the update: rank 0's producer makes its share of the next batch meanwhile
+            schedules[rank].push(step, lambda: time.sleep(0.02))
+        trained[rank] = seen
+
+    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in (0, 1)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        for s in schedules.values():
+            s.close()
+    assert sorted(trained) == [0, 1], "a rank's trainer never finished: the pushes deadlocked"
+    assert any(len(set(v)) > 1 for v in trained[1]), trained[1]  # rank 1's batches were cut by pushes
+    assert all(v == sorted(v) for r in trained.values() for v in r)

@@ -508,11 +508,6 @@ class ExperimentConfig(Section):
         self._check_lora()
         if self.rollout.schedule.mode != "sync":
             mode = self.rollout.schedule.mode
-            if self.placement.mode == "partial" and self.rollout.schedule.in_flight == "resume":
-                raise ValueError(
-                    "rollout.schedule.in_flight=resume with placement.mode=partial is not implemented yet: a push "
-                    "would interrupt this rank's requests while other ranks' engines, with other weights, serve them"
-                )
             if self.rollout.sync_every != 1:
                 raise ValueError(
                     f"rollout.schedule.mode={mode} decides which weights each batch is generated with; "

@@ -19,7 +19,12 @@ in_flight: resume (partial rollouts) gives up reproducibility for fresher tokens
 batch in flight. The producer's rollout pool (yatt.engines.resume.ResumingPool) sees the push `pending`,
 interrupts its requests, lets go of the engines until the push is done (`pause`) and resumes each unfinished
 sample on the new weights with the tokens it has; each token keeps the version that sampled it
-(Rollout.token_versions) and the staleness bound applies to the version a batch starts with.
+(Rollout.token_versions) and the staleness bound applies to the version a batch starts with. While the producer
+waits on other ranks (their share of a model-parallel group's prompts, partial placement's barriers) it lets go
+of the engines (`released`), so that a push is never held up by a producer waiting for one that paused for it.
+With partial placement every rank's producer uses every rank's engines, so the ranks push together (`barrier`,
+over the main threads): once every producer has let go of the engines, and again once every engine holds the
+new weights, before any producer resumes.
 """
 
 from __future__ import annotations
@@ -69,6 +74,9 @@ class SyncSchedule:
         self.produce, self.version = produce, version
         self.engines = contextlib.nullcontext()
 
+    def released(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
     def take(self, step: int, timer: StageTimer) -> Batch:
         return self.produce(step, timer, self.version)
 
@@ -94,8 +102,16 @@ class SyncSchedule:
 class AheadSchedule:
     """one_step_off / async: a producer thread keeps up to `staleness` batches ahead of the trainer."""
 
-    def __init__(self, produce: Produce, version: int, staleness: int, last_step: int, resume: bool = False):
-        self.produce, self.staleness, self.last = produce, staleness, last_step
+    def __init__(
+        self,
+        produce: Produce,
+        version: int,
+        staleness: int,
+        last_step: int,
+        resume: bool = False,
+        barrier: Callable[[], None] | None = None,
+    ):
+        self.produce, self.staleness, self.last, self.barrier = produce, staleness, last_step, barrier
         self.start = self.version = version  # the step whose weights the engines hold
         self.engines = threading.RLock()
         # in_flight: resume: a push does not wait for the batch in flight; the producer's rollout pool
@@ -176,8 +192,12 @@ class AheadSchedule:
         else:
             with self.changed:
                 self._wait(lambda: self.next > min(step + self.staleness, self.last))
-        with self.engines:  # the producer lets go at the end of a batch, or in `pause`
+        with self.engines:  # the producer lets go at the end of a batch, in `pause`, or `released`
+            if self.resume and self.barrier is not None:
+                self.barrier()  # no rank's producer has requests on any engine
             push()
+            if self.resume and self.barrier is not None:
+                self.barrier()  # every engine holds the new weights before a producer resumes on them
             with self.changed:
                 self.version = step
                 self.changed.notify_all()
@@ -194,6 +214,20 @@ class AheadSchedule:
         with self.engines_free:
             self.engines_free.wait_for(lambda: not self.pushing)
         return self.version
+
+    @contextlib.contextmanager
+    def released(self):
+        """On the producer thread, around a wait on other ranks' producers (in_flight: resume): let go of the
+        engines meanwhile, however deeply held, as `pause` does, so that this rank's push can go ahead while a
+        producer it waits for is paused for the push. (The RLock's own save/restore, what Condition.wait uses.)"""
+        if not self.resume:
+            yield
+            return
+        state = self.engines._release_save()
+        try:
+            yield
+        finally:
+            self.engines._acquire_restore(state)
 
     def metrics(self, step: int, rollouts: list[Rollout]) -> tuple[dict[str, float], dict[str, float]]:
         """This rank's (to sum over ranks, to max over ranks): the staleness of what it trained (in steps), the
@@ -242,12 +276,15 @@ class AheadSchedule:
             self.thread.join(timeout=60)
 
 
-def rollout_schedule(cfg: ScheduleConfig, produce: Produce, version: int, last_step: int):
-    """The schedule `rollout.schedule` asks for; `version`: the step whose weights the engines start with."""
+def rollout_schedule(
+    cfg: ScheduleConfig, produce: Produce, version: int, last_step: int, barrier: Callable[[], None] | None = None
+):
+    """The schedule `rollout.schedule` asks for; `version`: the step whose weights the engines start with;
+    `barrier` (partial placement): over every rank's main thread, for pushes with requests in flight."""
     if cfg.mode == "sync":
         return SyncSchedule(produce, version)
     staleness = 1 if cfg.mode == "one_step_off" else cfg.max_staleness
-    return AheadSchedule(produce, version, staleness, last_step, resume=cfg.in_flight == "resume")
+    return AheadSchedule(produce, version, staleness, last_step, resume=cfg.in_flight == "resume", barrier=barrier)
 
 
 def schedule_metrics(world: World, sums: dict[str, float], peaks: dict[str, float]) -> dict[str, float]:

@@ -100,8 +100,14 @@ class ControllerShard(ShardState):
         codec = TokenizerCodec(self.tokenizer)
         self.agent = build_loop(cfg.rollout.agent, codec) if cfg.rollout.multi_turn else None
         self.samples_trained = self.last_step = 0
-        self.rollouts = rollout_schedule(cfg.rollout.schedule, self._batch, 0, cfg.run.steps)
-        if cfg.rollout.schedule.in_flight == "resume":  # requests in flight at a push resume on the new weights
+        resume = cfg.rollout.schedule.in_flight == "resume"
+        # partial: every rank's producer uses every rank's engines, so a push with requests in flight is made by
+        # all ranks at once; a device that judges for the others keeps its rollout engines asleep meanwhile
+        shared = resume and cfg.placement.mode == "partial"
+        self.deferred_push = shared
+        barrier = self.world.barrier if shared else None
+        self.rollouts = rollout_schedule(cfg.rollout.schedule, self._batch, 0, cfg.run.steps, barrier)
+        if resume:  # requests in flight at a push resume on the new weights
             self.engines.preemption = self.rollouts
 
     # ---- the RL step -------------------------------------------------------------------------
@@ -135,7 +141,8 @@ class ControllerShard(ShardState):
         may run on the producer thread (yatt.controllers.schedule)."""
         rounds: list[GenerationStats] = []
         if self.ahead and self.schedule.split is not None:  # partial: the ranks' engines serve each other, so
-            self.producer_devices.barrier()  # every rank has pushed the weights this batch is made with
+            with self.rollouts.released():
+                self.producer_devices.barrier()  # every rank has pushed the weights this batch is made with
 
         def generate(count: int, round_: int) -> list[Rollout]:
             rollouts, stats = self._generate_round(step, count, round_, timer)
@@ -149,7 +156,7 @@ class ControllerShard(ShardState):
             groups, counts = self.sampler.collect(self.prompts_per_rank, lambda n, r: in_groups(generate(n, r), group))
             rollouts = [r for group in groups for r in group]
         if self.schedule.split is not None:  # partial: a device keeps serving others until all controllers are done
-            with timer("generate"):
+            with timer("generate"), self.rollouts.released():
                 self.producer_devices.barrier()
         return rollouts, GenerationStats.merged(rounds), counts
 
@@ -212,7 +219,8 @@ class ControllerShard(ShardState):
                 with self.engine_placement.own("rollout"):
                     pool = self.engines.pool(ROLLOUT, [self.devices.rank])
                     set_greedy_baselines(rollouts, pool, self.greedy, cfg.rollout.group_size, **prompts, agent=agent)
-            rollouts, stats = self.producer_group.gather(rollouts, stats)
+            with self.rollouts.released():  # the model-parallel group's other shares
+                rollouts, stats = self.producer_group.gather(rollouts, stats)
         with timer("reward"):
             weights = {j.name: j.weight for j in cfg.reward.judges}
             assign_rewards(rollouts, cfg.reward.kind, weights, cfg.reward.rule_weight)
@@ -234,6 +242,11 @@ class ControllerShard(ShardState):
         return out
 
     def _push_policy(self) -> None:
+        if self.deferred_push and self.engine_placement.owner != "rollout":
+            # this device judges for the others while their requests may be in flight: its judges stay awake, and
+            # its rollout engines load these weights when the device next rolls out (EngineServices.catch_up)
+            self.engines.push_policy(load=False)
+            return
         with self.engine_placement.own("rollout"):
             self.engines.push_policy()
 

@@ -83,6 +83,7 @@ class EngineServices:
         # keep_pushed(): a host copy of the weights last pushed, which a restarted engine is loaded with
         self.pushed: list[NamedTensors] | None = None
         self.keeps_pushed = False
+        self.behind = False  # push_policy(load=False): the rollout engines load `pushed` when they next wake
         for role in self.specs:  # from model.path: the policy before any step (a resume pushes its own)
             self._start(role, restart=False)
         self._remote: dict[tuple[str, int], EngineClient] = {}
@@ -113,12 +114,27 @@ class EngineServices:
         must not join a sharded trainer's gather (one copy of the policy in host memory)."""
         self.keeps_pushed = True
 
-    def push_policy(self) -> None:
-        """The weight sync: the policy's current weights (`policy_weights`) into this rank's rollout engines."""
+    def push_policy(self, load: bool = True) -> None:
+        """The weight sync: the policy's current weights (`policy_weights`) into this rank's rollout engines.
+        load=False (with keep_pushed): only the host copy is taken (a sharded trainer's gather still runs on every
+        rank), and the engines load it when they next wake (`catch_up`): for a device that judges for other ranks
+        while they push, whose rollout engines are asleep and whose judges must not be put to sleep."""
         buckets = self.policy_weights()
         if self.keeps_pushed:
             buckets = self.pushed = [[(name, t.detach().to("cpu", copy=True)) for name, t in b] for b in buckets]
+        if not load:
+            if not self.keeps_pushed:
+                raise RuntimeError("push_policy(load=False) needs keep_pushed(): the engines load the kept copy later")
+            self.behind = True
+            return
         self.push_weights(buckets)
+        self.behind = False
+
+    def catch_up(self) -> None:
+        """Load the weights last pushed into this rank's rollout engines if a push only kept them (load=False)."""
+        if self.behind:
+            self.behind = False
+            self.push_weights(self.pushed or [])
 
     def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
         """Load the policy's weights into this rank's rollout engines, one bucket at a time.
@@ -157,8 +173,12 @@ class EngineServices:
         return self._each(kind, "sleep")
 
     def wake(self, kind: str) -> list[dict]:
-        """Onload this rank's `kind` engines; one found dead is restarted, awake, with the current weights."""
-        return self._each(kind, "wake")
+        """Onload this rank's `kind` engines; one found dead is restarted, awake, with the current weights. Rollout
+        engines a push only kept weights for (push_policy(load=False)) load them now."""
+        out = self._each(kind, "wake")
+        if kind == ROLLOUT:
+            self.catch_up()
+        return out
 
     def _each(self, kind: str, method: str) -> list[dict]:
         roles = self.rollout_roles if kind == ROLLOUT else [r for r in self.local if r not in self.rollout_roles]
@@ -232,6 +252,8 @@ class EngineServices:
         def respawn(_: str) -> EngineClient:
             own = self.local[kind]
             if own.alive():
+                if kind == ROLLOUT:
+                    self.catch_up()  # a judging device's rollout engine takes over: the weights last pushed
                 return own
             own.close()
             self._count_restart()
