@@ -38,6 +38,7 @@ from pathlib import Path
 from harness import pyplot, run_training, shown, slug, table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
+PINNED = ["run.cores=[0]", "rollout.engine.cores=[1]"]
 SCHEDULES = {  # name: overrides
     "sync": ["rollout.schedule.mode=sync"],
     # the truncated IS weight on the sync schedule too, so the + TIS rows compare against like
@@ -52,6 +53,13 @@ SCHEDULES = {  # name: overrides
         "rollout.schedule.mode=async",
         "rollout.schedule.max_staleness=2",
         "algorithm.rollout_is.mode=truncate",
+    ],
+    # the same on pinned cores: the trainer rank on core 0, its engine on core 1 (--nproc 1 on a 2-core box)
+    "sync, pinned": ["rollout.schedule.mode=sync", *PINNED],
+    "one_step_off + TIS, pinned": [
+        "rollout.schedule.mode=one_step_off",
+        "algorithm.rollout_is.mode=truncate",
+        *PINNED,
     ],
 }
 WARMUP_STEPS = 3  # left out of the step-time median

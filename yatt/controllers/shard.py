@@ -103,9 +103,8 @@ class ControllerShard(ShardState):
         resume = cfg.rollout.schedule.in_flight == "resume"
         # partial: every rank's producer uses every rank's engines, so a push with requests in flight is made by
         # all ranks at once; a device that judges for the others keeps its rollout engines asleep meanwhile
-        shared = resume and cfg.placement.mode == "partial"
-        self.deferred_push = shared
-        barrier = self.world.barrier if shared else None
+        self.deferred_push = resume and cfg.placement.mode == "partial"
+        barrier = self.world.barrier if self.deferred_push else None
         self.rollouts = rollout_schedule(cfg.rollout.schedule, self._batch, 0, cfg.run.steps, barrier)
         if resume:  # requests in flight at a push resume on the new weights
             self.engines.preemption = self.rollouts
