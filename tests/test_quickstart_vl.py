@@ -20,21 +20,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.engine]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+def build(module: str, *args: Path | str, timeout: int = 900) -> None:
+    """`python -m yatt.quickstart.<module> args` from the repository, as the Makefile runs it."""
+    command = [sys.executable, "-m", f"yatt.quickstart.{module}", *map(str, args)]
+    subprocess.run(command, cwd=REPO, env=ENV, check=True, timeout=timeout)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The shapes data and the SFT warm-up policy, as `make quickstart-vl` builds them."""
     tmp = tmp_path_factory.mktemp("quickstart_vl")
     data, policy = tmp / "shapes", tmp / "policy"
-    subprocess.run(
-        [sys.executable, "-m", "yatt.quickstart.shapes", "--out", str(data)], cwd=REPO, env=ENV, check=True, timeout=300
-    )
-    subprocess.run(
-        [sys.executable, "-m", "yatt.quickstart.sft_vl", "--data", str(data), "--out", str(policy)],
-        cwd=REPO,
-        env=ENV,
-        check=True,
-        timeout=900,
-    )
+    build("shapes", "--out", data, timeout=300)
+    build("sft_vl", "--data", data, "--out", policy)
     return tmp, data, policy
 
 
@@ -63,13 +61,7 @@ def test_visual_quickstart_learns_within_twenty_minutes(built, setup):
     if setup == "vl-genrm-partial":
         judge = tmp / "judge"
         if not judge.is_dir():
-            subprocess.run(
-                [sys.executable, "-m", "yatt.quickstart.shapes_judge", "--data", str(data), "--out", str(judge)],
-                cwd=REPO,
-                env=ENV,
-                check=True,
-                timeout=900,
-            )
+            build("shapes_judge", "--data", data, "--out", judge)
         text = (REPO / config).read_text().replace("models/quickstart-vl-judge", str(judge))
         config = tmp / "quickstart_vl_genrm.yaml"
         config.write_text(text)
