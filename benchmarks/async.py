@@ -56,11 +56,7 @@ SCHEDULES = {  # name: overrides
     ],
     # the same on pinned cores: the trainer rank on core 0, its engine on core 1 (--nproc 1 on a 2-core box)
     "sync, pinned": ["rollout.schedule.mode=sync", *PINNED],
-    "one_step_off + TIS, pinned": [
-        "rollout.schedule.mode=one_step_off",
-        "algorithm.rollout_is.mode=truncate",
-        *PINNED,
-    ],
+    "one_step_off + TIS, pinned": ["rollout.schedule.mode=one_step_off", "algorithm.rollout_is.mode=truncate", *PINNED],
 }
 WARMUP_STEPS = 3  # left out of the step-time median
 
