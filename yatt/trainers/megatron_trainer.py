@@ -46,6 +46,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClas
 from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
 from yatt.distributed import World
+from yatt.models.vision import vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch
 from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
@@ -147,7 +148,8 @@ class MegatronTrainer:
             del hf_state, tower
             self.gpt.load_state_dict({k: v.to(self.dtype) for k, v in state.items()}, strict=False)
             self._check_loaded(state)
-            if self.vision and freeze_vision:
+            self.frozen_vision = self.vision and freeze_vision  # the same on every stage, tower or not
+            if self.frozen_vision:
                 freeze_vision_tower(self.gpt)
             # megatron's parallel linears take params_dtype, its norms (torch RMSNorm) do not: cast the rest
             # as megatron's Float16Module would
@@ -437,10 +439,14 @@ class MegatronTrainer:
 
     # ---- weights out -------------------------------------------------------------------------------------
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        """Collective over the model-parallel group: every rank gets the whole policy, one bucket at a time."""
-        return gathered_buckets(
+        """Collective over the model-parallel group: every rank gets the whole policy, one bucket at a time; a
+        frozen vision tower (model.freeze_vision) never changes, so engines are not sent it."""
+        buckets = gathered_buckets(
             self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes, self.world.device
         )
+        if not self.frozen_vision:
+            return buckets
+        return (kept for b in buckets if (kept := [(k, t) for k, t in b if not vision_parameter(k)]))
 
     @property
     def hf_config(self) -> Any:
