@@ -66,6 +66,7 @@ def test_vl_judge_under_partial_placement(setup):
     run(*setup, "vl", "{images}{question}:{response}?")
 
 
+@pytest.mark.slow  # ~1 min; CI runs the VL judge with the torch policy, and a megatron VL run elsewhere
 def test_vl_judge_under_partial_placement_with_a_megatron_tp2_policy(setup):
     run(
         *setup,

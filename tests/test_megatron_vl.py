@@ -51,9 +51,16 @@ def packed_step(setup):
     return torch_step(setup, pack=True)
 
 
-@pytest.mark.parametrize(
-    "tp,pp,dp,pack", [(2, 1, 1, True), (1, 2, 1, True), (1, 1, 2, True), (2, 1, 1, False)], ids=str
-)
+# TP=2 packed in the default suite; PP=2, DP=2 and padded (~15 s each) are slow
+SPLITS = [
+    (2, 1, 1, True),
+    pytest.param(1, 2, 1, True, marks=pytest.mark.slow),
+    pytest.param(1, 1, 2, True, marks=pytest.mark.slow),
+    pytest.param(2, 1, 1, False, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("tp,pp,dp,pack", SPLITS, ids=str)
 def test_one_vl_rl_step_equals_the_torch_backend(tmp_path, setup, packed_step, tp, pp, dp, pack):
     want = packed_step if pack else torch_step(setup, pack=False)
     batch = want["batch"]

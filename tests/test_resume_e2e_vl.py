@@ -17,7 +17,8 @@ pytestmark = pytest.mark.engine
 STEPS = 6
 
 
-@pytest.mark.parametrize("trainer", ["torch", "megatron"])
+# megatron: slow (~2 min); CI runs the torch variant, and tests/test_train_e2e_vl.py a megatron VL run
+@pytest.mark.parametrize("trainer", ["torch", pytest.param("megatron", marks=pytest.mark.slow)])
 def test_image_prompts_with_dynamic_sampling_ahead_resume_exactly_after_kill_9(tmp_path, trainer):
     backend = "backend: megatron, megatron: {tensor_parallel: 2}, " if trainer == "megatron" else ""
     write_shapes_files(tmp_path / "data", sizes={"sft": 256, "train": 48, "eval": 8})
