@@ -326,9 +326,9 @@ def _exchange_pixels(
 ) -> None:
     """The second round: each moved image sample's pixel inputs, to the samples the first round delivered."""
     sends, recvs = {}, {}
-    for peer in range(world.size):
+    for peer in (p for p in range(world.size) if p != world.rank):
         moved = [samples[i] for i in plan.moves(world.rank, peer) if samples[i].vision is not None]
-        if peer != world.rank and moved:
+        if moved:
             sends[peer] = [_pack_pixels(moved, layout)]
     for peer, (_, images) in arrived.items():
         if any(images):

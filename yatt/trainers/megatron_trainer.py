@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 from torch import Tensor
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
 from yatt.config import TrainerConfig
@@ -475,8 +475,7 @@ class MegatronTrainer:
         if weights is None:
             return
         auto = AutoModelForTokenClassification if self.head == "value" else AutoModelForCausalLM
-        if self.vision:
-            from transformers import AutoModelForImageTextToText as auto
+        auto = AutoModelForImageTextToText if self.vision else auto
         model = auto.from_config(self._hf_config, dtype=self.dtype)
         model.load_state_dict(weights, strict=False)
         model.save_pretrained(str(folder))
