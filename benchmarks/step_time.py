@@ -62,6 +62,13 @@ QUICKSTART = {  # variant: (trainer settings, algorithm settings, other override
     "all (defaults)": ({}, {}, []),
     # the same defaults on the megatron backend, one model-parallel group of 2 (generation split over it)
     "megatron TP=2": ({}, {}, ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"]),
+    # Python's automatic garbage collections instead of one per step on every rank (run.gc)
+    "all (defaults), gc auto": ({}, {}, ["run.gc=auto"]),
+    "megatron TP=2, gc auto": (
+        {},
+        {},
+        ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2", "run.gc=auto"],
+    ),
 }
 TRAINER_100M = {
     "all off": (OFF, {"old_logprobs": "recompute"}),

@@ -469,6 +469,13 @@ class RunConfig(Section):
         "e.g. apart from the engines' (rollout.engine.cores) so that rollouts ahead of the trainer overlap with "
         "it (docs/async.md); null: the OS schedules them.",
     )
+    gc: Literal["step", "auto"] = Field(
+        "step",
+        description="Python's garbage collector during training. step: its automatic collections are off and "
+        "every rank collects once at the start of each step, over what the run made since set-up (that is "
+        "frozen, gc.freeze), so the ranks pause together; a collection at a random point stalls the other ranks "
+        "at their next collective, ~70 a step with tensor parallelism. auto: Python's own thresholds.",
+    )
     export_policy: bool = Field(True, description="Write the final policy as an HF folder in the run dir.")
     tensorboard: bool | None = Field(
         None,

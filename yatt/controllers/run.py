@@ -11,6 +11,7 @@ complete checkpoint, or, when it saves none, its end (yatt.checkpoint.aside).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -134,6 +135,11 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
         return result
 
     preemption = PreemptionFlag()
+    step_gc = cfg.run.gc == "step"
+    if step_gc:  # what set-up made is never scanned again; the loop collects at each step's start, on every rank
+        gc.collect()
+        gc.freeze()
+        gc.disable()
     try:
         if found:
             start_eval, end_eval = _evals(history)
@@ -143,6 +149,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
         train_start = time.perf_counter()
         for step in range(start_step + 1, cfg.run.steps + 1):
             step_start = time.perf_counter()
+            if step_gc:
+                gc.collect()
             metrics = shard.step(step)
             metrics["time/step_s"] = time.perf_counter() - step_start
             # peak resident memory of a controller+trainer process (engines are separate processes)
@@ -200,6 +208,9 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
             )
         return summary
     finally:
+        if step_gc:
+            gc.enable()
+            gc.unfreeze()
         preemption.restore()
         log.close()
         shard.close()

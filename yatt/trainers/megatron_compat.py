@@ -30,6 +30,9 @@ schedules:
    A `TorchFunctionMode` sees every torch call's arguments before they run, so it can rewrite exactly those
    device arguments; it is scoped to `on_cpu()`, which the megatron trainer enters around its own calls
    into megatron, so no other code in the process is touched. (Autograd keeps the mode for backward.)
+   The mode costs ~3 us a torch call, so the hot code that names no CUDA device runs with it popped
+   (`off_cpu()`): the model's forward, the loss, the optimizer's update, and megatron's backward step, which
+   `apply()` wraps (the backward's buffers come from patch 1).
 
 5. Tensor-parallel collectives -> shared memory, when the trainer asks (`use_host_collectives`):
    `torch.distributed.all_reduce` and `all_gather` on the tensor-parallel group (megatron's row-parallel
@@ -149,6 +152,7 @@ def apply() -> None:
     global _APPLIED
     if _APPLIED or torch.cuda.is_available():
         return
+    from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random as mcore_random
 
     torch.cuda.current_device = _cpu_device  # patch 1
@@ -156,6 +160,13 @@ def apply() -> None:
     mcore_random.CudaRNGStatesTracker = CpuRNGStatesTracker  # patch 2: what initialize_rng_tracker builds
     mcore_random._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    backward_step = schedules.backward_step  # patch 4's mode off for the backward (the schedules look it up)
+
+    def backward_off_cpu(*args, **kwargs):
+        with off_cpu():
+            return backward_step(*args, **kwargs)
+
+    schedules.backward_step = backward_off_cpu
     _APPLIED = True
 
 
