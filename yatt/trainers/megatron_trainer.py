@@ -352,17 +352,20 @@ class MegatronTrainer:
             dtype=torch.float64,
             device=self.world.device,
         )
-        low, high = fingerprint.clone(), fingerprint.clone()
-        group = ps.get_model_parallel_group()
-        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=group)
-        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=group)
-        if not torch.equal(low, high):
+        # the max of (x, -x) gives max and min in one all-reduce
+        both = torch.cat([fingerprint, -fingerprint])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=ps.get_model_parallel_group())
+        if not torch.equal(both[: len(fingerprint)], -both[len(fingerprint) :]):
             raise RuntimeError(
                 "the ranks of one tensor/pipeline-parallel group were handed different batches; "
                 "they must train on the same samples (one data-parallel rank's)"
             )
 
     def _count(self, micro: list[list[int]]) -> int:
+        """Micro-batches every rank runs: the most any data-parallel rank has (a model-parallel group's ranks
+        hold one batch, so with one data-parallel rank there is nothing to agree on)."""
+        if self.dp_size == 1:
+            return max(1, len(micro))
         return max(1, int(self.world.max([float(len(micro))])[0]))
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
