@@ -21,6 +21,18 @@ def test_token_batch_aligns_response_targets():
         batch.per_token([[-0.5], [-1.0, -2.0, -3.0]])
 
 
+def test_token_batch_edge_rows_and_a_gapped_mask():
+    """An empty response, an empty batch (a rank left without samples), and values laid under a mask with gaps
+    (an agent loop's tool tokens masked out): each row's values go to its own masked columns, in order."""
+    batch = TokenBatch.from_sequences([[5, 6], [7]], [[], [8, 9, 2]], pad_id=0)
+    assert batch.attention_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert batch.mask.tolist() == [[0, 0, 0], [1, 1, 1]]
+    batch.mask = batch.mask * batch.per_token([[], [1, 0, 1]])
+    assert batch.per_token([[], [-1.0, -3.0]]).tolist() == [[0, 0, 0], [-1.0, 0, -3.0]]
+    empty = TokenBatch.from_sequences([], [], pad_id=0)
+    assert empty.input_ids.shape == (0, 2) and empty.mask.shape == (0, 1) and empty.per_token([]).shape == (0, 1)
+
+
 def test_select_trims_to_the_longest_selected_row():
     batch = TokenBatch.from_sequences([[5, 6, 7], [5]], [[8, 2], [9]], pad_id=0)
     batch.extras["adv"] = torch.tensor([1.0, -1.0])

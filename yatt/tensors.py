@@ -41,16 +41,18 @@ class TokenBatch:
 
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
-        lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
-        width = max(lengths, default=2)  # a rank may hold no samples after rebalancing
+        # laid out with whole-tensor ops, not a loop over rows: a model-parallel rank builds its whole
+        # data-parallel rank's batch every step, and a Python loop cost ~14 ms per 512 rows on the 2-core box
+        lengths = torch.tensor([len(p) + len(r) for p, r in zip(prompts, responses)], dtype=torch.long)
+        starts = torch.tensor([len(p) - 1 for p in prompts], dtype=torch.long)  # the first response target
+        width = int(lengths.max()) if len(prompts) else 2  # a rank may hold no samples after rebalancing
+        cols = torch.arange(width)
+        real = cols < lengths[:, None]
         ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-        attn = torch.zeros((len(prompts), width), dtype=torch.long)
-        mask = torch.zeros((len(prompts), width - 1), dtype=torch.float32)
-        for i, (p, r) in enumerate(zip(prompts, responses)):
-            ids[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.long)
-            attn[i, : len(p) + len(r)] = 1
-            mask[i, len(p) - 1 : len(p) - 1 + len(r)] = 1.0
-        return cls(ids, attn, mask)
+        ids[real] = torch.tensor([t for p, r in zip(prompts, responses) for t in (*p, *r)], dtype=torch.long)
+        targets = cols[:-1]
+        mask = (targets >= starts[:, None]) & (targets < lengths[:, None] - 1)
+        return cls(ids, real.long(), mask.float())
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -58,11 +60,12 @@ class TokenBatch:
     def per_token(self, values: list[list[float]]) -> Tensor:
         """Lay response-aligned lists (e.g. rollout logprobs) into a [B, L-1] tensor under the mask."""
         out = torch.zeros_like(self.mask)
-        for i, row in enumerate(values):
-            cols = self.mask[i].nonzero().flatten()
-            if len(row) != len(cols):
-                raise ValueError(f"row {i}: {len(row)} values for {len(cols)} response tokens")
-            out[i, cols] = torch.tensor(row, dtype=out.dtype)
+        where = self.mask.bool()
+        counts = where.sum(dim=1).tolist()
+        for i, (row, count) in enumerate(zip(values, counts)):
+            if len(row) != count:
+                raise ValueError(f"row {i}: {len(row)} values for {count} response tokens")
+        out[where] = torch.tensor([v for row in values for v in row], dtype=out.dtype)  # row-major: each row's own
         return out
 
     def select(self, rows: Tensor | list[int]) -> TokenBatch:
