@@ -29,6 +29,8 @@ def test_token_batch_edge_rows_and_a_gapped_mask():
     assert batch.mask.tolist() == [[0, 0, 0], [1, 1, 1]]
     batch.mask = batch.mask * batch.per_token([[], [1, 0, 1]])
     assert batch.per_token([[], [-1.0, -3.0]]).tolist() == [[0, 0, 0], [-1.0, 0, -3.0]]
+    with pytest.raises(ValueError, match="1 rows of values for a batch of 2"):
+        batch.per_token([[]])
     empty = TokenBatch.from_sequences([], [], pad_id=0)
     assert empty.input_ids.shape == (0, 2) and empty.mask.shape == (0, 1) and empty.per_token([]).shape == (0, 1)
 

@@ -60,6 +60,8 @@ class TokenBatch:
     def per_token(self, values: list[list[float]]) -> Tensor:
         """Lay response-aligned lists (e.g. rollout logprobs) into a [B, L-1] tensor under the mask."""
         out = torch.zeros_like(self.mask)
+        if len(values) != len(self):
+            raise ValueError(f"{len(values)} rows of values for a batch of {len(self)}")
         where = self.mask.bool()
         counts = where.sum(dim=1).tolist()
         for i, (row, count) in enumerate(zip(values, counts)):
