@@ -174,6 +174,13 @@ def test_cpu_sleep_is_unsupported_and_generation_goes_on(engine: HFEngine, promp
     h = engine.health()
     assert h["ok"] and h["backend"] == "hf" and h["eos_token_id"] == EOS and h["dtype"] == "float32"
     assert h["device"] == "cpu" and h["sleep_supported"] is False and h["sleeping"] is False
+    # refused under queued requests on CPU as on an accelerator: a role switch under another rank's requests
+    # (partial placement) fails in CPU tests, not only on a GPU
+    engine.add_requests(["queued"], [prompts[0]], GREEDY, None)
+    with pytest.raises(RuntimeError, match="1 requests are queued"):
+        engine.sleep()
+    engine.abort(["queued"])
+    assert engine.sleep()["supported"] is False
 
 
 def test_bfloat16_engine_runs(folders, prompts) -> None:

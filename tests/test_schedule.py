@@ -240,3 +240,67 @@ def test_ranks_sharing_engines_push_together_while_a_producer_waits_on_another()
     assert sorted(trained) == [0, 1], "a rank's trainer never finished: the pushes deadlocked"
     assert any(len(set(v)) > 1 for v in trained[1]), trained[1]  # rank 1's batches were cut by pushes
     assert all(v == sorted(v) for r in trained.values() for v in r)
+
+
+def test_no_producer_has_requests_on_the_engines_while_a_rank_evaluates():
+    """Partial placement with in_flight: resume, two ranks as threads: evaluating switches a rank's device to
+    rollout (on a GPU its judges sleep), so no producer may have requests on any engine meanwhile. Taking the
+    engines is not enough: the main thread gets them while its producer waits in `released` for the slower
+    rank's share at partial placement's barrier, and that rank's requests are still out. `quiesce` first (what
+    ControllerShard.evaluate does): every producer has made the batches the current weights feed."""
+    producers, mains = threading.Barrier(2, timeout=10), threading.Barrier(2, timeout=10)
+    schedules: dict[int, AheadSchedule] = {}
+    requesting, lock = set(), threading.Lock()  # the ranks whose producer has requests out
+
+    def producer_of(rank: int):
+        def produce(step: int, timer: StageTimer, version: int) -> Batch:
+            schedule = schedules[rank]
+            with lock:
+                requesting.add(rank)
+            for _ in range(2 if rank == 0 else 30):
+                if schedule.pending():
+                    schedule.pause()
+                time.sleep(0.005)
+            with lock:
+                requesting.discard(rank)
+            with schedule.released():
+                producers.wait()
+            rollout = Rollout(None, [1], [2], [-0.5], "stop", version=version, origin=(rank, step))
+            return Batch([rollout], GenerationStats(), {}, {"rollout": 0.0, "genrm": 0.0}, 0)
+
+        return produce
+
+    for rank in (0, 1):
+        schedules[rank] = AheadSchedule(producer_of(rank), 0, 1, last_step=6, resume=True, barrier=mains.wait)
+    seen: dict[int, list[set]] = {}
+
+    def main(rank: int) -> None:
+        schedule, overlaps = schedules[rank], []
+        for step in range(1, 7):
+            schedule.take(step, StageTimer())
+            schedule.push(step, lambda: None)
+            schedule.quiesce()
+            with schedule.engines, lock:  # the evaluation
+                overlaps.append(set(requesting))
+        seen[rank] = overlaps
+
+    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in (0, 1)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        for s in schedules.values():
+            s.close()
+    assert sorted(seen) == [0, 1], "a rank's trainer never finished"
+    assert seen[0] == seen[1] == [set()] * 6, seen
+
+
+def test_quiesce_before_the_first_batch_returns_at_once():
+    """Evaluation at step 0 quiesces before any batch was taken: there is no producer yet to wait for."""
+    schedule = AheadSchedule(FakeProducer(), 0, 1, last_step=4)
+    done = threading.Event()
+    threading.Thread(target=lambda: (schedule.quiesce(), done.set()), daemon=True).start()
+    assert done.wait(5), "quiesce waited for a producer that was never started"
+    schedule.close()

@@ -247,7 +247,10 @@ class AheadSchedule:
 
     def quiesce(self) -> None:
         """Wait until the producer made every batch the engines' current weights feed (it then waits for the
-        next push): what a checkpoint stores is then complete."""
+        next push): what a checkpoint stores is then complete, and no request of this rank's is on any engine.
+        Before the first batch is taken there is no producer yet, and nothing to wait for."""
+        if self.thread is None:
+            return
         with self.changed:
             self._wait(lambda: not self._startable())
 

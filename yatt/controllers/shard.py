@@ -256,6 +256,12 @@ class ControllerShard(ShardState):
             return {}
         share, where = self.group.share(len(self.eval_rows)), (self.group.sums, self.engines, self.engine_placement)
         rows, ids = self.eval_rows[share], self.eval_prompt_ids[share]
+        if self.ahead and self.schedule.split is not None:
+            # partial: this device's engines serve the other ranks' producers, and evaluating switches it to
+            # rollout (on a GPU its judges sleep). Once every producer has made the batches the current weights
+            # feed (the ranks' batches end together, at a barrier), none has a request on any engine, and none
+            # starts one before the next push.
+            self.rollouts.quiesce()
         with self.rollouts.engines:
             metrics, self.last_eval = evaluate_greedy(
                 *where, rows, ids, self.image_inputs, self.greedy, self.tokenizer, self.agent

@@ -348,13 +348,14 @@ class HFEngine:
         return self._lora_bases[name]
 
     def sleep(self) -> dict[str, Any]:
-        """On an accelerator, move the weights to host and release cached memory; a no-op on CPU."""
+        """On an accelerator, move the weights to host and release cached memory; a no-op on CPU. Refused with
+        requests queued on every device, so that a role switch under another rank's requests fails CPU tests too."""
+        if self._queue:
+            raise RuntimeError(f"{len(self._queue)} requests are queued; finish or abort them before sleep()")
         if not self.sleep_supported:
             return {"supported": False, "device": self.device.type, "freed_bytes": 0}
         if self.sleeping:
             return {"supported": True, "already": True, "freed_bytes": 0}
-        if self._queue:
-            raise RuntimeError(f"{len(self._queue)} requests are queued; finish or abort them before sleep()")
         torch.cuda.synchronize()
         before = torch.cuda.mem_get_info()[0]
         self.model.to("cpu")
