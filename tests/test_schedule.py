@@ -45,6 +45,19 @@ def train(schedule, steps: range, pushed: list | None = None) -> list[tuple[int,
     return seen
 
 
+def run_mains(main, schedules: dict) -> None:
+    """main(rank) for ranks 0 and 1 as threads (30 s each at most), then the schedules closed."""
+    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in (0, 1)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        for s in schedules.values():
+            s.close()
+
+
 @pytest.mark.parametrize("staleness", [0, 1, 2, 4])
 def test_step_s_is_generated_with_the_weights_of_step_s_minus_1_minus_k(staleness):
     schedule = AheadSchedule(FakeProducer(seconds=0.001), 0, staleness, last_step=10)
@@ -228,15 +241,7 @@ def test_ranks_sharing_engines_push_together_while_a_producer_waits_on_another()
             schedules[rank].push(step, lambda: time.sleep(0.02))
         trained[rank] = seen
 
-    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in (0, 1)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
-    finally:
-        for s in schedules.values():
-            s.close()
+    run_mains(main, schedules)
     assert sorted(trained) == [0, 1], "a rank's trainer never finished: the pushes deadlocked"
     assert any(len(set(v)) > 1 for v in trained[1]), trained[1]  # rank 1's batches were cut by pushes
     assert all(v == sorted(v) for r in trained.values() for v in r)
@@ -284,15 +289,7 @@ def test_no_producer_has_requests_on_the_engines_while_a_rank_evaluates():
                 overlaps.append(set(requesting))
         seen[rank] = overlaps
 
-    threads = [threading.Thread(target=main, args=(rank,), daemon=True) for rank in (0, 1)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
-    finally:
-        for s in schedules.values():
-            s.close()
+    run_mains(main, schedules)
     assert sorted(seen) == [0, 1], "a rank's trainer never finished"
     assert seen[0] == seen[1] == [set()] * 6, seen
 
