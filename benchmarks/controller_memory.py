@@ -13,8 +13,7 @@ Workload (benchmarks/image_workload.py, written to a temporary folder): --prompt
 yatt.models.tiny_vl with image_size = --image-size, patch 14 and pixel shuffle 4 (64 image tokens at 448), so that
 its real Idefics3 processor keeps the images at full size (no splitting, no downscaling) and gives per image what
 a real policy's would: a float32 pixel_values of 3 x 448 x 448 (2.4 MB) and a pixel_attention_mask of 448 x 448
-(bool as yatt.models.vision keeps it, 0.2 MB; the committed results predate that and hold transformers' int64,
-1.6 MB). Its weights are tiny and random: no model runs here.
+(bool as yatt.models.vision keeps it, 0.2 MB). Its weights are tiny and random: no model runs here.
 
 Variants, each in fresh processes, one after the other:
 - parallel, DP = N: `torchrun --nproc_per_node N` of this file; each rank runs a controller shard's data path
