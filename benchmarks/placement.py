@@ -1,6 +1,6 @@
 """Full vs partial colocation on the same workload, side by side, 2 CPU ranks.
 
-    python benchmarks/placement.py [--steps 6] [--out benchmarks/results/placement]
+    python benchmarks/placement.py [--steps 6] [--prompts 32] [--out benchmarks/results/placement]
 
 Workloads (same seed, data, models and steps in both modes):
 - long_tail: a tiny random policy whose end-of-sequence logit is boosted so response lengths are
@@ -54,7 +54,7 @@ def scaled_eos_model(folder: Path, seed: int, eos_scale: float, positions: int) 
     return folder
 
 
-def long_tail_config(work: Path, steps: int) -> Path:
+def long_tail_config(work: Path, steps: int, prompts: int) -> Path:
     # eos x10: half the responses stop within 5 tokens, 1 in 10 runs past 22, 1 in 100 past 118 (measured
     # with HF sampling); the judge never stops early, so each verdict costs 12 decode steps.
     policy = scaled_eos_model(work / "policy", seed=11, eos_scale=10.0, positions=160)
@@ -68,7 +68,7 @@ def long_tail_config(work: Path, steps: int) -> Path:
     config = work / "long_tail.yaml"
     config.write_text(f"""
 model: {{path: {policy}}}
-data: {{train: {{kind: jsonl, files: [{work / "train.jsonl"}]}}, prompts_per_step: 32, max_prompt_tokens: 8}}
+data: {{train: {{kind: jsonl, files: [{work / "train.jsonl"}]}}, prompts_per_step: {prompts}, max_prompt_tokens: 8}}
 rollout: {{group_size: 8, max_new_tokens: 128, engine: {{max_num_seqs: 256, vllm: {{kv_cache_gib: 0.5}}}}}}
 reward:
   kind: genrm_with_rule
@@ -177,6 +177,7 @@ def plot(results: dict, path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--prompts", type=int, default=32, help="long_tail: prompts per step (8 samples each)")
     parser.add_argument("--out", default="benchmarks/results/placement")
     parser.add_argument("--skip-quickstart", action="store_true")
     args = parser.parse_args()
@@ -185,7 +186,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="yatt-placement-") as tmp:
-        config = long_tail_config(Path(tmp), args.steps)
+        config = long_tail_config(Path(tmp), args.steps, args.prompts)
         runs = Path(tmp) / "runs"
         results["long_tail"] = {
             mode: summarize(run_mode(config, mode, "long_tail", runs, [])) for mode in ("full", "partial")

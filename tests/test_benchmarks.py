@@ -156,6 +156,8 @@ def test_placement(tmp_path):
         "placement.py",
         "--steps",
         "1",
+        "--prompts",
+        "8",
         "--skip-quickstart",
         "--out",
         str(tmp_path / "placement"),
