@@ -9,8 +9,10 @@ the samples' own sequences (a shared prompt copied into each of its samples' row
 and each packed token takes its output back from its own slot. Exact: with right padding a real token never
 attends to a pad slot. With a tensor mask (the padded path) it is megatron's DotProductAttention unchanged.
 
-Key/value heads are repeated for grouped-query attention as DotProductAttention does, and the softmax scale
-is its `softmax_scale` (1/sqrt(head dim), divided by the layer number with apply_query_key_layer_scaling).
+Grouped-query attention shares each key/value head among its queries inside SDPA (`enable_gqa`) instead of
+repeating them first as DotProductAttention does (the same outputs, without copying keys and values per query
+head), and the softmax scale is its `softmax_scale` (1/sqrt(head dim), divided by the layer number with
+apply_query_key_layer_scaling).
 """
 
 from __future__ import annotations
@@ -41,9 +43,7 @@ class PackedDotProductAttention(DotProductAttention):
         if attention_bias is not None or packed_seq_params is not None:
             raise ValueError("packed rows take their layout through attention_mask, not bias or packed_seq_params")
         layout = attention_mask
-        repeat = self.num_attention_heads_per_partition // self.num_query_groups_per_partition
-        if repeat > 1:
-            key, value = key.repeat_interleave(repeat, dim=2), value.repeat_interleave(repeat, dim=2)
+        gqa = self.num_attention_heads_per_partition > self.num_query_groups_per_partition
         gather = layout.gather.to(query.device)
 
         def pad(x: Tensor) -> Tensor:  # [N, 1, h, D] -> [B, h, width, D]
@@ -52,7 +52,13 @@ class PackedDotProductAttention(DotProductAttention):
 
         dropout = self.attention_dropout.p if self.training else 0.0
         out = F.scaled_dot_product_attention(
-            pad(query), pad(key), pad(value), dropout_p=dropout, is_causal=True, scale=self.softmax_scale
+            pad(query),
+            pad(key),
+            pad(value),
+            dropout_p=dropout,
+            is_causal=True,
+            scale=self.softmax_scale,
+            enable_gqa=gqa,
         )
         # [B, h, width, D] -> [B * width, h * D] -> the packed tokens' own slots [N, 1, h * D]
         out = out.transpose(1, 2).reshape(layout.count * layout.width, -1)

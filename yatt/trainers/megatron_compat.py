@@ -42,6 +42,13 @@ schedules:
    whose handle is then already complete), so the functions are replaced in `torch.distributed`; calls on any
    other group go to the originals.
 
+6. megatron's unfused rotary embedding (the path without Transformer Engine) -> the same, with cos and sin of
+   the rotary table computed once per forward. It recomputes them, and scales and casts them, for the queries
+   and again for the keys of every layer, though every layer gets the same table: 16 passes of cos/sin over
+   [tokens, head dim] per forward on the quickstart, done on every token by each tensor-parallel rank. The
+   last table (the same tensor object, held here so its identity cannot be reused) keeps its cos and sin;
+   the arithmetic applied to the queries and keys is megatron's, so results are bit-identical.
+
 `apply()` is idempotent and does nothing when CUDA is available (megatron then runs unpatched); so is
 `on_cpu()`, which is then a null context.
 """
@@ -152,6 +159,7 @@ def apply() -> None:
     global _APPLIED
     if _APPLIED or torch.cuda.is_available():
         return
+    from megatron.core.models.common.embeddings import rope_utils
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random as mcore_random
 
@@ -167,7 +175,29 @@ def apply() -> None:
             return backward_step(*args, **kwargs)
 
     schedules.backward_step = backward_off_cpu
+    rope_utils._apply_rotary_pos_emb_bshd = _rotary_once(rope_utils._apply_rotary_pos_emb_bshd)  # patch 6
     _APPLIED = True
+
+
+def _rotary_once(bshd: Any) -> Any:
+    """Patch 6: megatron's `_apply_rotary_pos_emb_bshd` with the last table's cos and sin kept."""
+    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+
+    last: list = [None, None, None]  # the table, (mscale, dtype), (cos, sin)
+
+    def apply_bshd(t, freqs, rotary_interleaved=False, multi_latent_attention=False, mscale=1.0):
+        if multi_latent_attention or freqs.requires_grad:
+            return bshd(t, freqs, rotary_interleaved, multi_latent_attention, mscale)
+        if last[0] is not freqs or last[1] != (mscale, t.dtype):
+            cos, sin = (torch.cos(freqs) * mscale).to(t.dtype), (torch.sin(freqs) * mscale).to(t.dtype)
+            last[:] = [freqs, (mscale, t.dtype), (cos, sin)]
+        cos, sin = last[2]
+        rot_dim = freqs.shape[-1]
+        t, t_pass = t[..., :rot_dim], t[..., rot_dim:]
+        t = (t * cos) + (_rotate_half(t, rotary_interleaved) * sin)
+        return torch.cat((t, t_pass), dim=-1) if t_pass.numel() else t
+
+    return apply_bshd
 
 
 class _Done:
