@@ -150,6 +150,17 @@ def test_wire(tmp_path):
     assert "under load: honest generate median" in out
 
 
+def test_core_jitter(tmp_path):
+    out = run(
+        "core_jitter.py", "--chunks", "10", "--repeats", "2", "--out", str(tmp_path / "core_jitter"), cwd=tmp_path
+    )
+    report = results(tmp_path / "core_jitter.json", tmp_path)
+    assert list(report["rows"]) == ["alone", "together #1", "lockstep #1", "together #2", "lockstep #2"]
+    assert all(r["wall_s"] > 0 and r["chunk_ms_p99"] >= r["chunk_ms_median"] > 0 for r in report["rows"].values())
+    assert len(report["lockstep_ratios"]) == 2 and all(r > 0 for r in report["lockstep_ratios"])
+    assert "lockstep / together, wall time" in out
+
+
 @pytest.mark.engine
 def test_placement(tmp_path):
     run(
