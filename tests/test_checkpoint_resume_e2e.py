@@ -125,6 +125,8 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninte
     assert "warning: skipping partial checkpoint" in out and "done:" in out, out[-3000:]
 
     assert logged_steps(run_dir) == list(range(STEPS + 1))
+    elapsed = [json.loads(line)["elapsed_s"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert elapsed == sorted(elapsed), elapsed  # the clock runs on across the three launches
     expected, got = comparable(uninterrupted), comparable(run_dir)
     for want, have in zip(expected, got):
         assert want == have, {

@@ -124,3 +124,15 @@ def test_missing_package_is_a_config_error(tmp_path, monkeypatch, setting):
     cfg = load_experiment(tmp_path / "c.yaml", [setting])
     with pytest.raises(ConfigError, match=rf"{setting} needs the \w+ package: pip install 'yatt\["):
         check_run(cfg, 1, "c.yaml")
+
+
+def test_a_resumed_logger_runs_elapsed_on_and_counts_eta_from_its_own_steps(tmp_path):
+    """After a resume at step 600 of 700 (5000 s logged), elapsed continues from 5000 s and the ETA comes from
+    this launch's pace, not from 5000 s spread over 601 steps."""
+    log = MetricsLogger(tmp_path / "m.jsonl", 700, enabled=True, resumed=(600, 5000.0))
+    log.log(601, {"reward/mean": 0.5})
+    log.close()
+    record = json.loads((tmp_path / "m.jsonl").read_text())
+    assert 5000.0 <= record["elapsed_s"] < 5060.0
+    assert log.console_line(601, {}, 5010.0).endswith("1:23:30 elapsed, eta 0:16:30")  # 10 s a step, 99 to go
+    assert log.console_line(600, {}, 5000.0).endswith("1:23:20 elapsed")  # no step of this launch yet: no ETA

@@ -187,16 +187,21 @@ def _duration(seconds: float) -> str:
 class MetricsLogger:
     """Written by rank 0 only; other ranks hold a disabled logger so callers need no rank checks."""
 
-    def __init__(self, path: Path, total_steps: int, enabled: bool, sinks: list = ()):
-        """`sinks`: more places every record goes (TensorBoard, wandb; yatt.controllers.sinks)."""
+    def __init__(
+        self, path: Path, total_steps: int, enabled: bool, sinks: list = (), resumed: tuple[int, float] = (0, 0.0)
+    ):
+        """`sinks`: more places every record goes (TensorBoard, wandb; yatt.controllers.sinks). `resumed`: the step
+        a resumed run starts after and the elapsed seconds logged there, so `elapsed_s` runs on across launches
+        and the ETA counts only this launch's steps."""
         self.path, self.total_steps, self.enabled, self.sinks = path, total_steps, enabled, list(sinks)
+        self.start_step, self.elapsed_before = resumed
         self.start = time.perf_counter()
         self._file = open(path, "a", encoding="utf-8") if enabled else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        elapsed = time.perf_counter() - self.start
+        elapsed = self.elapsed_before + time.perf_counter() - self.start
         record = {"step": step, "elapsed_s": round(elapsed, 3), **metrics}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
@@ -226,8 +231,9 @@ class MetricsLogger:
                 f"gen {m['time/generate_s']:.2f}s upd {m['time/update_s']:.2f}s "
                 f"sync {m['time/sync_s']:.2f}s {m['perf/gen_tokens_per_s']:.0f} tok/s"
             )
-        eta = elapsed / step * (self.total_steps - step) if step else math.nan
-        parts.append(f"{_duration(elapsed)} elapsed" + (f", eta {_duration(eta)}" if step else ""))
+        done = step - self.start_step
+        eta = (elapsed - self.elapsed_before) / done * (self.total_steps - step) if done > 0 else math.nan
+        parts.append(f"{_duration(elapsed)} elapsed" + (f", eta {_duration(eta)}" if done > 0 else ""))
         return " | ".join(parts)
 
     def close(self) -> None:

@@ -122,7 +122,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained
     sinks = open_sinks(cfg.run, cfg.model_dump(mode="json")) if world.is_main else []
-    log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main, sinks=sinks)
+    resumed = (start_step, history[-1].get("elapsed_s", 0.0) if history else 0.0)
+    log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main, sinks=sinks, resumed=resumed)
     samples = SamplesWriter(run_dir / "samples.jsonl", cfg.run.samples, enabled=world.is_main)
 
     def evaluate(step: int) -> dict:
@@ -203,7 +204,9 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
             checkpoints.committed()  # a run that saved no checkpoint commits here
             print(
                 f"done: accuracy {summary['start_accuracy']} -> {summary['end_accuracy']} in "
-                f"{summary['wall_seconds']:.0f}s; run dir {run_dir}",
+                f"{summary['wall_seconds']:.0f}s"
+                + (f" (this launch, resumed from step {start_step})" if start_step else "")
+                + f"; run dir {run_dir}",
                 flush=True,
             )
         return summary
