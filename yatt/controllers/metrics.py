@@ -9,7 +9,6 @@ summed, maxed), and `step_metrics` turns the reduced dicts into the logged metri
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -231,9 +230,9 @@ class MetricsLogger:
                 f"gen {m['time/generate_s']:.2f}s upd {m['time/update_s']:.2f}s "
                 f"sync {m['time/sync_s']:.2f}s {m['perf/gen_tokens_per_s']:.0f} tok/s"
             )
-        done = step - self.start_step
-        eta = (elapsed - self.elapsed_before) / done * (self.total_steps - step) if done > 0 else math.nan
-        parts.append(f"{_duration(elapsed)} elapsed" + (f", eta {_duration(eta)}" if done > 0 else ""))
+        parts.append(f"{_duration(elapsed)} elapsed")
+        if (done := step - self.start_step) > 0:  # this launch's pace
+            parts[-1] += f", eta {_duration((elapsed - self.elapsed_before) / done * (self.total_steps - step))}"
         return " | ".join(parts)
 
     def close(self) -> None:

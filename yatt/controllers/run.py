@@ -122,7 +122,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
         checkpoints.load(found[0], shard)
     samples_before = shard.samples_trained
     sinks = open_sinks(cfg.run, cfg.model_dump(mode="json")) if world.is_main else []
-    resumed = (start_step, history[-1].get("elapsed_s", 0.0) if history else 0.0)
+    resumed = (start_step, history[-1]["elapsed_s"] if history else 0.0)
     log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main, sinks=sinks, resumed=resumed)
     samples = SamplesWriter(run_dir / "samples.jsonl", cfg.run.samples, enabled=world.is_main)
 
