@@ -58,11 +58,12 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# One line per test file with its time, and the slowest tests at the end: a slow or stuck file shows in the log.
 test: lint
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -m "not slow" -o console_output_style=times --durations=20
 
 test-all: lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -o console_output_style=times --durations=20
 
 clean:
 	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl models/quickstart-vl-judge models/quickstart-tools-policy data/shapes data/products
