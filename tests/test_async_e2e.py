@@ -159,10 +159,13 @@ def test_partial_placement_with_partial_rollouts(tmp_path):
         tmp_path,
         f"""rollout:
   group_size: 8
-  max_new_tokens: 24     # generation outlasts the tiny trainer's step: pushes land mid-batch
-  engine: {{backend: hf}}
+  max_new_tokens: 24
+  engine: {{backend: tests.plugins.slow:SlowEngine}}
   schedule: {{mode: async, max_staleness: 1, in_flight: resume}}
-{genrm_reward(tmp_path, "{backend: hf}", positions=64)}trainer: {{lr: 0.01, micro_batch_size: 32}}
+{genrm_reward(tmp_path, "{backend: hf}", positions=64)}trainer:
+  backend: tests.plugins.slow:SlowTrainer  # with the engine's waits: pushes land part-way through samples
+  lr: 0.01
+  micro_batch_size: 32
 algorithm: {{mini_batches: 2}}
 run: {{name: r, steps: {STEPS}, eval_every: 3}}
 """,

@@ -52,6 +52,7 @@ class EngineService:
         self._done = threading.Condition()
         self._mailbox: dict[str, list[list[Any]]] = {}  # client -> [[key, [completion dicts]], ...]
         self._owner: dict[str, tuple[str, str]] = {}  # request id -> (client, key)
+        self._refused: dict[str, str] = {}  # client -> why the engine refused its last submit (raised at its poll)
         self._stop = threading.Event()
         self.busy_s = 0.0  # seconds spent stepping: the load measure for placement
         self.generated_tokens = 0
@@ -125,19 +126,32 @@ class EngineService:
             if clash:
                 raise ValueError(f"request keys already pending: {clash[:3]}")
             self._owner.update({rid: (client, key) for rid, key in zip(rids, keys)})
-        try:
-            self._on_loop(lambda: self.engine.add_requests(rids, prompts, spec, seeds, **extra))
-        except BaseException:
-            with self._done:
-                for rid in rids:
-                    self._owner.pop(rid, None)
-            raise
+
+        def add() -> None:
+            try:
+                self.engine.add_requests(rids, prompts, spec, seeds, **extra)
+            except Exception as e:
+                with self._done:
+                    for rid in rids:
+                        self._owner.pop(rid, None)
+                    self._refused.setdefault(client, f"{type(e).__name__}: {e}")
+                    self._done.notify_all()
+
+        # Handed to the stepping thread without waiting for it: an hf engine's step decodes a whole batch, and
+        # meanwhile this (the only RPC) thread must answer the other clients' polls and interrupts.
+        self._commands.put((add, Future()))
+        self._wake.set()
         return {"queued": len(rids), "load": self.load()}
 
     def poll(self, client: str, max_wait_s: float = 0.05) -> dict[str, Any]:
-        """Finished groups of `client` (waiting up to max_wait_s for the first), its pending count and the load."""
+        """Finished groups of `client` (waiting up to max_wait_s for the first), its pending count and the load.
+        Raises what the engine said when it refused the client's last submit (its requests were dropped)."""
         with self._done:
-            self._done.wait_for(lambda: self._mailbox.get(client), timeout=min(max(max_wait_s, 0.0), 1.0))
+            self._done.wait_for(
+                lambda: self._mailbox.get(client) or client in self._refused, timeout=min(max(max_wait_s, 0.0), 1.0)
+            )
+            if client in self._refused:
+                raise RuntimeError(f"the engine refused the submitted requests: {self._refused.pop(client)}")
             done = self._mailbox.pop(client, [])
             pending = sum(1 for c, _ in self._owner.values() if c == client)
         return {"done": done, "pending": pending, "load": self.load()}
