@@ -81,7 +81,8 @@ class RolloutEngine(Protocol):
         uses ``seed + j``, so the same seed gives the same samples; space per-prompt seeds >= n apart.
         ``images`` (vision-language models): per prompt, the encoded bytes of its images, one per image
         placeholder token in the prompt, which the backend expands with the model's processor; the
-        completions are of the expanded prompt."""
+        completions are of the expanded prompt. Raising refuses them: the engine service has already answered
+        the submit, so it reports the error at the submitting client's next poll."""
         ...
 
     def step(self) -> list[tuple[str, list[Completion]]]:
