@@ -33,6 +33,14 @@ class HeldEngine:
     def num_unfinished(self) -> int:
         return len(self.queued)
 
+    def preempt(self, request_ids) -> None:
+        self.preempted = list(request_ids)  # the held step does not look: the test only needs the call
+
+    def interrupt(self, request_ids):
+        cut = [rid for rid in self.queued if rid in request_ids]
+        self.queued = [rid for rid in self.queued if rid not in cut]
+        return [(rid, [Completion([], [], "interrupted")]) for rid in cut]
+
     def step(self):
         batch, self.queued = self.queued, []
         self.stepping.set()
@@ -72,9 +80,14 @@ def test_a_submit_during_a_long_step_leaves_the_other_clients_answered(served):
     began = time.monotonic()
     b.call("submit", client="b", keys=["k"], prompts=[[3]], sampling=SAMPLING)  # waits for no step
     out = a.call("poll", client="a", max_wait_s=0.0)
-    assert time.monotonic() - began < 5.0 and out["done"] == [] and out["pending"] == 1 and out["load"] == 2
+    assert out["done"] == [] and out["pending"] == 1 and out["load"] == 2
+    b.call("interrupt", client="b")  # nor does an interrupt: a's would otherwise wait behind it
+    assert a.call("interrupt", client="a") == {"interrupted": 1} and engine.preempted == ["a/k"]
+    assert time.monotonic() - began < 5.0
     engine.release.set()
-    assert [key for key, _ in poll_until(a, "a")] == ["k"] and [key for key, _ in poll_until(b, "b")] == ["k"]
+    [(key, [sample])] = poll_until(b, "b")  # b's request never ran: it comes back with nothing
+    assert key == "k" and sample["token_ids"] == [] and sample["finish_reason"] == "interrupted"
+    assert [key for key, _ in poll_until(a, "a")] == ["k"]  # a's, running, ends as the step returns it
 
 
 def test_requests_the_engine_refuses_are_reported_at_the_clients_next_poll(served):

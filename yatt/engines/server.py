@@ -72,9 +72,14 @@ class EngineService:
             while not self._commands.empty():
                 fn, fut = self._commands.get()
                 try:
-                    fut.set_result(fn())
-                except BaseException as e:  # handed to the RPC thread, which reports it to the caller
-                    fut.set_exception(e)
+                    result = fn()
+                except BaseException as e:
+                    if fut is None:  # nobody waits to hear of it: the engine exits (_loop) and is restarted
+                        raise
+                    fut.set_exception(e)  # handed to the RPC thread, which reports it to the caller
+                else:
+                    if fut is not None:
+                        fut.set_result(result)
             if self._owner and self.engine.num_unfinished():
                 t0 = time.perf_counter()
                 finished = self.engine.step()
@@ -98,6 +103,13 @@ class EngineService:
         self._commands.put((fn, fut))
         self._wake.set()
         return fut.result()
+
+    def _later(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the stepping thread, after the commands before it, without waiting for the step in progress
+        (the hf engine's decodes a whole batch): meanwhile this, the only RPC thread, answers the other clients'
+        polls and interrupts. Commands run in order, so a client's interrupt or cancel follows its submit."""
+        self._commands.put((fn, None))
+        self._wake.set()
 
     # ---- RPC methods ---------------------------------------------------------------------------
     def submit(
@@ -137,10 +149,7 @@ class EngineService:
                     self._refused.setdefault(client, f"{type(e).__name__}: {e}")
                     self._done.notify_all()
 
-        # Handed to the stepping thread without waiting for it: an hf engine's step decodes a whole batch, and
-        # meanwhile this (the only RPC) thread must answer the other clients' polls and interrupts.
-        self._commands.put((add, Future()))
-        self._wake.set()
+        self._later(add)
         return {"queued": len(rids), "load": self.load()}
 
     def poll(self, client: str, max_wait_s: float = 0.05) -> dict[str, Any]:
@@ -164,7 +173,7 @@ class EngineService:
                 del self._owner[rid]
             self._mailbox.pop(client, None)
         if rids:
-            self._on_loop(lambda: self.engine.abort(rids))
+            self._later(lambda: self.engine.abort(rids))
         return {"cancelled": len(rids)}
 
     def interrupt(self, client: str) -> dict[str, int]:
@@ -173,10 +182,14 @@ class EngineService:
         with self._done:
             rids = [rid for rid, (c, _) in self._owner.items() if c == client]
         self.engine.preempt(rids)  # a running multi-iteration step ends them at their next token
-        partial = self._on_loop(lambda: self.engine.interrupt(rids))  # after that step
-        with self._done:  # a request the step finished meanwhile was delivered (and is no longer owned)
-            partial = [(rid, comps) for rid, comps in partial if rid in self._owner]
-        self._deliver(partial)
+
+        def cut() -> None:  # after that step: the queued ones come back with nothing generated
+            partial = self.engine.interrupt(rids)
+            with self._done:  # a request the step finished meanwhile was delivered (and is no longer owned)
+                partial = [(rid, comps) for rid, comps in partial if rid in self._owner]
+            self._deliver(partial)
+
+        self._later(cut)
         return {"interrupted": len(rids)}
 
     def load(self) -> int:
