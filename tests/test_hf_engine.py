@@ -133,7 +133,7 @@ def test_eos_stop_tokens_and_length(engine: HFEngine, hf, prompts) -> None:
     assert all(len(c.token_ids) == 1 and c.finish_reason in ("stop", "length") for row in short for c in row)
 
 
-def test_batches_respect_max_num_seqs_and_sampling(folders) -> None:
+def test_batches_respect_max_num_seqs_sampling_and_calls(folders) -> None:
     eng = HFEngine(str(folders["A"]), CFG.model_copy(update={"max_num_seqs": 4}), seed=0)
     two, other = SamplingSpec(n=2, max_tokens=3), SamplingSpec(n=2, max_tokens=3, temperature=0.5)
     eng.add_requests(["a", "b", "c"], [[4, 5], [6], [7, 8, 9]], two, None)
@@ -145,6 +145,9 @@ def test_batches_respect_max_num_seqs_and_sampling(folders) -> None:
     while eng.num_unfinished():
         batches.append([rid for rid, group in eng.step() if len(group) == 2])
     assert batches == [["a", "c"], ["x"], ["d"]]  # <= 4 sequences, one SamplingSpec per batch, oldest first
+    eng.add_requests(["e"], [[4]], two, None)
+    eng.add_requests(["f"], [[5]], two, None)  # would fit beside e, but came with another call (another client)
+    assert [[rid for rid, _ in eng.step()] for _ in range(2)] == [["e"], ["f"]]
     assert eng.step() == []
     with pytest.raises(ValueError, match="max_model_len"):
         eng.add_requests(["long"], [[4] * 250], SamplingSpec(max_tokens=7), None)

@@ -45,6 +45,7 @@ class _Request:
     sampling: SamplingSpec
     seed: int  # sample j uses seed + j
     pixels: Pixels | None = None  # the expanded prompt's image tensors (VL models)
+    call: int = 0  # the add_requests call it came with: a batch holds one call's requests
 
     @property
     def layout(self) -> tuple:
@@ -97,6 +98,7 @@ class HFEngine:
         # while a batch decodes and the decode loop reads it each token
         self._preempted: frozenset[str] = frozenset()
         self._rng = random.Random(seed)  # seeds of unseeded requests
+        self._calls = 0  # add_requests calls so far
         self.sleeping = False
         self.weight_updates = 0
         self.last_update_s = 0.0
@@ -125,7 +127,7 @@ class HFEngine:
             raise ValueError(f"{len(request_ids)} request ids for {len(prompts)} prompts")
         if sampling.n < 1 or sampling.max_tokens < 1:
             raise ValueError(f"need n >= 1 and max_tokens >= 1, got {sampling}")
-        reqs = []
+        reqs, self._calls = [], self._calls + 1
         for i, (rid, prompt) in enumerate(zip(request_ids, prompts)):
             prompt, pixels = [int(t) for t in prompt], None
             if images is not None and images[i]:
@@ -142,7 +144,7 @@ class HFEngine:
             if rid in self._queue:
                 raise ValueError(f"request id {rid} is already queued")
             seed = int(seeds[i]) if seeds is not None else self._rng.getrandbits(62)
-            reqs.append((rid, _Request(prompt, sampling, seed, pixels)))
+            reqs.append((rid, _Request(prompt, sampling, seed, pixels, self._calls)))
         self._queue.update(reqs)  # all or nothing
 
     def num_unfinished(self) -> int:
@@ -175,7 +177,11 @@ class HFEngine:
         batch, seqs = [], 0
         for rid, req in self._queue.items():
             if (
-                req.sampling == head.sampling
+                # one call's requests only: the logits' float noise depends on the batch, so which requests
+                # share one must not depend on when calls arrive (several clients share an engine), for a
+                # run to reproduce itself and a resumed run the uninterrupted one
+                req.call == head.call
+                and req.sampling == head.sampling
                 and req.layout == head.layout
                 and (not batch or seqs + req.sampling.n <= self.cfg.max_num_seqs)
             ):
