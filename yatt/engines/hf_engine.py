@@ -7,7 +7,9 @@ repeated for its ``n`` samples; finished rows are dropped from the batch (and it
 
 Sample j of a request with seed s draws its uniforms from its own CPU ``torch.Generator`` seeded
 ``s + j`` (inverse-CDF sampling, one uniform per token), so a seed gives the same sample whatever
-else is in the batch, on CPU or GPU, up to float noise in the logits. Log-probs (float32) are of the
+else is in the batch, on CPU or GPU, up to float noise in the logits; that noise depends on the batch, so a
+batch holds the requests of one ``add_requests`` call only (which requests share one never depends on when
+several clients' calls arrive). Log-probs (float32) are of the
 distribution sampled from: softmax(logits / temperature), renormalised over the top-p nucleus when
 top_p < 1 (like `VLLMEngine` with vLLM's processed_logprobs; the trainer divides by the temperature too but
 does not truncate to the nucleus); at temperature 0 (greedy) they are of the raw logits.
