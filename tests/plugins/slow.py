@@ -26,10 +26,7 @@ class SlowEngine(HFEngine):
             time.sleep(self.DELAY_S)
             return preempted()
 
-        print("DBG run", round(time.time() % 1000, 2), len(prompts), sp.n, flush=True)
-        out = super()._run(prompts, seeds, sp, pixels, slowly)
-        print("DBG end", round(time.time() % 1000, 2), flush=True)
-        return out
+        return super()._run(prompts, seeds, sp, pixels, slowly)
 
 
 class SlowTrainer(TorchTrainer):
