@@ -65,5 +65,9 @@ test: lint
 test-all: lint
 	$(PY) -m pytest -o console_output_style=times --durations=20
 
+# Removes only what the quickstarts made: runs/<run.name> of each configs/quickstart*.yaml, their models and data.
 clean:
-	rm -rf runs models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl models/quickstart-vl-judge models/quickstart-tools-policy data/shapes data/products
+	rm -rf runs/quickstart runs/quickstart_genrm runs/quickstart_vl runs/quickstart_vl_genrm runs/quickstart_tools \
+		runs/quickstart_rloo runs/quickstart_reinforce_pp runs/quickstart_gspo runs/quickstart_ppo runs/quickstart_is \
+		models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl \
+		models/quickstart-vl-judge models/quickstart-tools-policy data/shapes data/products

@@ -2,8 +2,9 @@
 checked by token on the rollouts the run logged (samples.jsonl); the run killed with kill -9 and resumed; and a
 user's loop registered by import path.
 
-The tool-calling policy is a tiny model SFT'd for a minute on one-digit products written as whole tool
-conversations (yatt.quickstart.products), so that most of its samples call the calculator, well-formed or not.
+The tool-calling policy is a tiny model SFT'd for a minute on one-digit products, every row a call replayed
+through the tool loop (yatt.quickstart.products), so that most of its samples call the calculator, well-formed or
+not.
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ def policy(tmp_path_factory) -> Path:
             "eval_every": 1000,
             "eval_examples": 8,
             "stop_at_accuracy": 1.0,
+            "max_new_tokens": 80,
+            "agent": {
+                "kind": "tool_loop",
+                "max_turns": 2,
+                "max_trajectory_tokens": 160,
+                "tools": {"c": {"kind": "calculator"}},
+            },
             "seed": 0,
         }
     )

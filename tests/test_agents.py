@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from yatt.agents import AGENT_LOOPS, build_loop
-from yatt.agents.base import Trajectory, turn_seed
+from yatt.agents.base import Trajectory, replay, turn_seed
 from yatt.agents.config import AgentConfig
 from yatt.tools.hermes import tool_response_text
 
@@ -110,6 +110,22 @@ def test_tool_loop_token_by_token():
     assert (t.tool_calls, t.malformed_tool_calls, t.tool_errors) == (1, 0, 0)
     assert t.final_text == "69104" and "<tool_response>\n69104\n</tool_response>" in t.text
     assert "<|im_end|>" not in t.text
+
+
+def test_replay_is_the_loop_with_the_given_turns():
+    """A warm-up's example is the trajectory the loop builds from the row's turns: the same ids and mask as a
+    rollout whose model wrote them, the tool run and its response added by the loop."""
+    turns = [CODEC.encode(TURN_1), CODEC.encode(TURN_2)]
+    replayed = replay(tool_loop(), PROMPT, turns, max_new_tokens=200)
+    sampled = tool_loop().run(PROMPT, Scripted(CODEC, TURN_1, TURN_2), max_new_tokens=200, seed=0)
+    assert (replayed.response_ids, replayed.response_mask) == (sampled.response_ids, sampled.response_mask)
+    assert replayed.tool_calls == 1 and replayed.final_text == "69104"
+    with pytest.raises(ValueError, match="asks for model turn 2 but there are 1"):
+        replay(tool_loop(), PROMPT, turns[:1], max_new_tokens=200)  # the last turn calls a tool
+    with pytest.raises(ValueError, match="ended after model turn 1 of 2"):
+        replay(tool_loop(), PROMPT, [turns[1], turns[1]], max_new_tokens=200)  # turn 1 calls nothing
+    with pytest.raises(ValueError, match="more than the 10 the loop allows"):
+        replay(tool_loop(), PROMPT, turns, max_new_tokens=10)
 
 
 def test_the_history_is_never_re_tokenized():

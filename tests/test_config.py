@@ -61,6 +61,37 @@ def test_missing_files_are_found_where_the_run_starts_not_by_validation(tmp_path
         check_run(cfg, 1, str(path))
 
 
+def test_a_missing_model_folder_names_the_command_that_builds_it(tmp_path, model_dir):
+    for folder, builder in (
+        ("quickstart-tools-policy", "make quickstart-tools"),
+        ("quickstart-vl", "make quickstart-vl"),
+    ):
+        path = write_config(tmp_path, model_dir, model_path=str(tmp_path / "models" / folder))
+        with pytest.raises(ConfigError, match=f"model folder not found: .*{folder} \\(`{builder}` builds it\\)"):
+            check_run(load_experiment(path), 1, str(path))
+
+
+def test_a_bare_name_is_the_section_of_that_kind(tmp_path, model_dir):
+    overrides = ["algorithm.advantage=rloo", "algorithm.policy_loss=gspo", "rollout.agent=single_turn"]
+    cfg = load_experiment(write_config(tmp_path, model_dir), overrides)
+    assert (cfg.algorithm.advantage.kind, cfg.algorithm.policy_loss.kind) == ("rloo", "gspo")
+    assert cfg.algorithm.policy_loss.clip_high == type(cfg.algorithm.policy_loss)().clip_high
+    assert cfg.rollout.agent.kind == "single_turn"
+    with pytest.raises(ConfigError, match="unknown algorithm.advantage.kind 'rlooo'; registered: .*rloo"):
+        load_experiment(write_config(tmp_path, model_dir), ["algorithm.advantage=rlooo"])
+
+
+def test_an_error_from_the_command_line_says_so(tmp_path, model_dir):
+    path = write_config(tmp_path, model_dir, "trainer:\n  lr: -1\n")
+    with pytest.raises(ConfigError) as err:
+        load_experiment(path)
+    assert str(err.value).startswith(f"{path}: invalid config\n") and "command line" not in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_experiment(write_config(tmp_path, model_dir), ["rollout.group_size=0"])
+    assert str(err.value).startswith(f"{path} with its command-line overrides: invalid config\n"), err.value
+    assert "rollout.group_size: " in str(err.value) and "[command line: rollout.group_size=0]" in str(err.value)
+
+
 def test_validation_does_not_change_values(tmp_path, model_dir):
     cfg = load_experiment(write_config(tmp_path, model_dir))
     assert cfg.rollout.engine.max_model_len is None  # derived where engines start: prompt + response tokens

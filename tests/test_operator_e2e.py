@@ -97,7 +97,10 @@ def test_a_bad_config_is_one_line_before_any_rank_starts(tmp_path):
     proc = launch(config, "rollout.group_size=0", cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
     [line] = lines(proc.stderr)
-    assert line.startswith(f"error: {config}: invalid config: rollout.group_size: "), line
+    assert line.startswith(f"error: {config} with its command-line overrides: invalid config: rollout.group_size: "), (
+        line
+    )
+    assert line.endswith("[command line: rollout.group_size=0]"), line
     assert not (tmp_path / "runs").exists()
     # plain torchrun: each rank checks it and rank 0 alone prints it (torchrun's own report follows)
     proc = torchrun(config, *FAST, "rollout.group_size=0", cwd=tmp_path, timeout=300)

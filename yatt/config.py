@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -118,7 +119,8 @@ class RolloutConfig(Section):
         gt=0.0,
         le=1.0,
         description="Nucleus sampling; < 1 makes the engine's log-probs "
-        "differ from the trainer's, which does not renormalise over the nucleus (see README).",
+        "differ from the trainer's, which does not renormalise over the nucleus "
+        "(docs/algorithms.md, 'Temperature and top-p').",
     )
     sync_every: int = Field(
         1,
@@ -225,11 +227,18 @@ def _section_of(registry: Registry, default: str) -> Any:
 
     sections = tuple(Annotated[registry.get(name).config, Tag(name)] for name in names)
     plugin = Annotated[SerializeAsAny[ComponentConfig], PlainValidator(plugin_section), Tag(PLUGIN)]
-    return Annotated[Union[sections + (plugin,)], Discriminator(kind_of)]  # noqa: UP007 (a tuple of types)
+    union = Annotated[Union[sections + (plugin,)], Discriminator(kind_of)]  # noqa: UP007 (a tuple of types)
+    return Annotated[union, BeforeValidator(_bare_name)]
+
+
+def _bare_name(value: Any) -> Any:
+    """A bare name (`algorithm.advantage=rloo`) is the section with that kind and its defaults."""
+    return {"kind": value} if isinstance(value, str) else value
 
 
 def _check_kind(registry: Registry, section: Any) -> None:
     """An unknown kind names the registered ones (pydantic's own message would only say 'invalid')."""
+    section = _bare_name(section)
     if isinstance(section, dict) and "kind" in section:
         registry.check(section["kind"])
 

@@ -35,17 +35,32 @@ def apply_override(tree: dict, assignment: str, source: str) -> None:
         raise ConfigError(f"{source}: override {assignment!r}: value is not valid YAML ({err})") from None
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid config"]
+def _override_of(loc: tuple, overrides: list[str]) -> str | None:
+    """The command-line override that set the field at `loc` (or a section around or inside it), if any."""
+    path = [str(p) for p in loc]
+    for assignment in reversed(overrides):  # the last one of a key wins
+        keys = assignment.split("=", 1)[0].strip().split(".")
+        if path and (path[: len(keys)] == keys or keys[: len(path)] == path):
+            return assignment
+    return None
+
+
+def format_validation_error(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
+    lines, from_file = [], False
     for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "<root>"
+        field = ".".join(str(p) for p in e["loc"]) or "the config"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
-        shows_input = e["loc"] and e["type"] not in ("extra_forbidden", "missing")
+        shows_input = (
+            e["loc"] and e["type"] not in ("extra_forbidden", "missing") and not isinstance(e.get("input"), dict)
+        )
         got = f" (got {e.get('input')!r})" if shows_input else ""
-        lines.append(f"  {field}: {msg}{got}")
-    return "\n".join(lines)
+        override = _override_of(e["loc"], list(overrides))
+        from_file |= override is None
+        lines.append(f"  {field}: {msg}{got}" + (f" [command line: {override}]" if override else ""))
+    header = f"{source}: invalid config" if from_file else f"{source} with its command-line overrides: invalid config"
+    return "\n".join([header, *lines])
 
 
 def load_config(cls: type[C], path: str | Path | None, overrides: list[str] = ()) -> C:
@@ -67,7 +82,7 @@ def load_config(cls: type[C], path: str | Path | None, overrides: list[str] = ()
     try:
         return cls.model_validate(tree)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
+        raise ConfigError(format_validation_error(err, source, overrides)) from None
 
 
 def dump_config(cfg: BaseModel, path: str | Path) -> None:

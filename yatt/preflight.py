@@ -54,6 +54,18 @@ def check_gpus(cfg: ExperimentConfig, source: str, count: int | None = None) -> 
         )
 
 
+# The model folders yatt's own configs name, and the command that builds each (by folder name).
+BUILT_BY = {
+    "quickstart-policy": "make quickstart",
+    "quickstart-judge": "make quickstart-genrm",
+    "quickstart-judge-base": "make quickstart-genrm",
+    "quickstart-vl": "make quickstart-vl",
+    "quickstart-vl-judge": "make quickstart-vl-genrm",
+    "quickstart-tools-policy": "make quickstart-tools",
+    "smollm2-135m-instruct": "python -m yatt.models.gguf --out models/smollm2-135m-instruct",
+}
+
+
 def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     """What the config alone cannot tell: rules on the number of ranks launched, and the files it names
     (read here, where the run starts, never during validation). Raises ConfigError naming the field."""
@@ -83,10 +95,9 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     }
     for field, folder in folders.items():
         if not folder.is_dir():
-            raise ConfigError(
-                f"{source}: {field}: model folder not found: {folder} (build the quickstart ones "
-                "with `make quickstart` or `python launch/sft.py --config configs/sft_quickstart.yaml`)"
-            )
+            builder = BUILT_BY.get(folder.name)
+            hint = f" (`{builder}` builds it)" if builder else " (a Hugging Face model folder on this machine)"
+            raise ConfigError(f"{source}: {field}: model folder not found: {folder}{hint}")
         if not (folder / "config.json").is_file():
             raise ConfigError(f"{source}: {field}: {folder} is not a Hugging Face model folder: config.json is missing")
     for j in cfg.reward.judges:

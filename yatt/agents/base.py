@@ -109,3 +109,32 @@ def turn_seed(seed: int, turn: int) -> int:
     """The seed of a conversation's turn: the sample's own for the first turn (so single_turn samples exactly what
     a plain generate call would), then a hash of (seed, turn) so no two turns or samples share a stream."""
     return seed if turn == 0 else zlib.crc32(f"{seed}:{turn}".encode()) & 0x7FFFFFFF
+
+
+def replay(loop: AgentLoop, prompt_ids: list[int], turns: list[list[int]], max_new_tokens: int) -> Trajectory:
+    """The trajectory `loop` builds when the model writes exactly `turns` (each ending with its stop token), tools
+    run and environment text added by the loop itself. This is how a warm-up (SFT) of an agent gets its examples:
+    teacher forcing through the run's own loop, so they hold the ids, tool responses and mask a rollout of the
+    run would. Raises ValueError when the loop does not take the turns as given (asks for another turn, ends
+    before the last one, or allows a turn fewer tokens than it has)."""
+    used = 0
+
+    def generate(history: list[int], max_tokens: int, seed: int) -> tuple[list[int], list[float], str]:
+        nonlocal used
+        if used == len(turns):
+            raise ValueError(
+                f"the loop asks for model turn {used + 1} but there are {len(turns)} (does the last one call a tool?)"
+            )
+        turn = turns[used]
+        if len(turn) > max_tokens:
+            raise ValueError(
+                f"model turn {used + 1} has {len(turn)} tokens, more than the {max_tokens} the loop "
+                "allows it (max_new_tokens, max_trajectory_tokens)"
+            )
+        used += 1
+        return list(turn), [0.0] * len(turn), "stop"
+
+    trajectory = loop.run(list(prompt_ids), generate, max_new_tokens, 0)
+    if used != len(turns):
+        raise ValueError(f"the loop ended after model turn {used} of {len(turns)} (turn {used} calls no tool?)")
+    return trajectory

@@ -77,6 +77,12 @@ class AgentConfig(BaseModel):
         "a loop without one takes none.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        """`rollout.agent=single_turn` is the section with that kind and its defaults."""
+        return {"kind": value} if isinstance(value, str) else value
+
     @field_validator("kind")
     @classmethod
     def _registered(cls, kind: str) -> str:
@@ -85,12 +91,14 @@ class AgentConfig(BaseModel):
     @field_validator("tools", mode="before")
     @classmethod
     def _kind_from_name(cls, tools: Any) -> Any:
-        """`calculator: {}` (or null) means `calculator: {kind: calculator}`; an unknown kind is an error naming the
-        tool's own field."""
+        """`calculator: {}` (or null) means `calculator: {kind: calculator}`, and `c: calculator` means `c: {kind:
+        calculator}`; an unknown kind is an error naming the tool's own field."""
         if not isinstance(tools, dict):
             return tools
         sections = {}
         for name, section in tools.items():
+            if isinstance(section, str):  # `c: calculator`, a bare kind
+                section = {"kind": section}
             if section is None or isinstance(section, dict):
                 section = {"kind": name, **(section or {})}
                 if isinstance(section["kind"], str):

@@ -6,6 +6,10 @@
   rendering the conversation up to the turn with the generation prompt and up to the end of the turn, which
   works for any template whose renderings of a conversation's prefixes are prefixes of each other (ChatML,
   Llama, Qwen, SmolLM2 ...); a template that is not is refused, naming the row.
+- with an agent loop (SFTConfig.agent), `prompt` + `answer` rows whose answer is the model's turns, each ended
+  by the tokenizer's end-of-sequence token (written as its text, e.g. ``</s>``): the turns are replayed through
+  the run's own loop (yatt.agents.base.replay), which runs the tools and adds their responses as a rollout of
+  the run would; labels cover the model's turns, not the tool responses.
 For evaluation a row becomes a prompt (its messages up to the last assistant turn) and a reference answer
 (the row's answer, else the last assistant turn's content), scored by the verifier its data_source names.
 """
@@ -16,6 +20,7 @@ from dataclasses import replace
 
 import torch
 
+from yatt.agents.base import AgentLoop, replay
 from yatt.data.errors import DataError
 from yatt.data.rows import PromptRow
 from yatt.data.tokens import chat_ids, text_ids
@@ -62,9 +67,28 @@ def example_ids(row: PromptRow, tokenizer) -> tuple[list[int], list[int]]:
         return ids, labels
     if row.answer is None:
         raise DataError(f"{row.where}: a 'prompt' row for SFT needs an 'answer' to learn")
-    prompt = text_ids(tokenizer, row.prompt, row.where)
+    prompt = row.prompt_ids(tokenizer)
     answer = text_ids(tokenizer, row.answer, row.where) + [tokenizer.eos_token_id]
     return prompt + answer, [-100] * len(prompt) + answer
+
+
+def agent_example_ids(row: PromptRow, tokenizer, loop: AgentLoop, max_new_tokens: int) -> tuple[list[int], list[int]]:
+    """A conversation's example: the prompt's ids as the run builds them (PromptRow.prompt_ids), then what `loop`
+    makes of the answer's model turns; labels are the model's tokens (mask 1), -100 on the prompt and the tools'."""
+    if row.answer is None:
+        raise DataError(f"{row.where}: a row for an agent's SFT needs an 'answer' (the model's turns) to learn")
+    eos = tokenizer.eos_token
+    texts = row.answer.split(eos)
+    if texts[-1] == "":  # the last turn's end-of-sequence written out
+        texts.pop()
+    turns = [text_ids(tokenizer, text, row.where) + [tokenizer.eos_token_id] for text in texts]
+    prompt = row.prompt_ids(tokenizer)
+    try:
+        trajectory = replay(loop, prompt, turns, max_new_tokens)
+    except ValueError as err:
+        raise DataError(f"{row.where}: {err}") from None
+    labels = [t if m else -100 for t, m in zip(trajectory.response_ids, trajectory.response_mask)]
+    return prompt + trajectory.response_ids, [-100] * len(prompt) + labels
 
 
 def _batched_prompt_examples(rows: list[PromptRow], tokenizer) -> list[tuple[list[int], list[int]]]:
@@ -83,10 +107,14 @@ def _batched_prompt_examples(rows: list[PromptRow], tokenizer) -> list[tuple[lis
     return [batch[id(r)] if id(r) in batch else example_ids(r, tokenizer) for r in rows]
 
 
-def encode_examples(rows: list[PromptRow], tokenizer, max_tokens: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids and labels of all rows (padding has label -100)."""
-    pairs = _batched_prompt_examples(rows, tokenizer)
+def encode_examples(rows: list[PromptRow], tokenizer, max_tokens: int | None = None,
+                    loop: AgentLoop | None = None, max_new_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids and labels of all rows (padding has label -100); with `loop`, each row is a conversation
+    (agent_example_ids, each model turn at most `max_new_tokens`)."""
+    if loop is None:
+        pairs = _batched_prompt_examples(rows, tokenizer)
+    else:
+        pairs = [agent_example_ids(row, tokenizer, loop, max_new_tokens) for row in rows]
     for row, (ids, _) in zip(rows, pairs):
         if max_tokens is not None and len(ids) > max_tokens:
             raise DataError(f"{row.where}: the example has {len(ids)} tokens, more than max_tokens={max_tokens}")
@@ -102,7 +130,7 @@ def encode_examples(rows: list[PromptRow], tokenizer, max_tokens: int | None = N
 def eval_prompt(row: PromptRow, tokenizer) -> tuple[list[int], PromptRow]:
     """The prompt ids a model answers and the row its answer is scored against (reference filled in)."""
     if row.messages is None:
-        return text_ids(tokenizer, row.prompt, row.where), row
+        return row.prompt_ids(tokenizer), row
     last = max((k for k, m in enumerate(row.messages) if m["role"] == "assistant"), default=None)
     context = row.messages if last is None else row.messages[:last]
     if not context:

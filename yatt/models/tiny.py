@@ -29,18 +29,25 @@ class TinyModelConfig(BaseModel):
         description="More tokens of one id each, matched in text before its characters (e.g. a chat format's "
         "<|im_start|> and <|im_end|>); decoding without special tokens drops them.",
     )
+    words: list[str] = Field(
+        default_factory=list,
+        description="More tokens of one id each that decode as text, matched before its characters (e.g. "
+        "Qwen2.5's <tool_call> and <tool_response>, which its tokenizer also holds as one token each).",
+    )
     hidden_size: int = Field(128, gt=0)
     intermediate_size: int = Field(384, gt=0)
     num_hidden_layers: int = Field(4, gt=0)
     num_attention_heads: int = Field(4, gt=0)
     num_key_value_heads: int = Field(2, gt=0)
     max_position_embeddings: int = Field(128, gt=0)
+    rope_theta: float = Field(10000.0, gt=0, description="Base of the rotary position frequencies.")
     tie_word_embeddings: bool = True
 
 
-def build_char_tokenizer(alphabet: str, special_tokens: list[str] = ()) -> PreTrainedTokenizerFast:
-    """A tokenizer that maps every character of `alphabet` to one token; specials come first, `special_tokens`
-    last."""
+def build_char_tokenizer(alphabet: str, special_tokens: list[str] = (), words: list[str] = ()
+                         ) -> PreTrainedTokenizerFast:
+    """A tokenizer that maps every character of `alphabet` to one token; specials come first, then the
+    characters, `special_tokens`, and `words` last."""
     if len(set(alphabet)) != len(alphabet):
         raise ValueError(f"alphabet has repeated characters: {alphabet!r}")
     vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, *alphabet])}
@@ -53,6 +60,8 @@ def build_char_tokenizer(alphabet: str, special_tokens: list[str] = ()) -> PreTr
     )
     if special_tokens:
         tokenizer.add_special_tokens({"additional_special_tokens": list(special_tokens)})
+    if words:
+        tokenizer.add_tokens(list(words))
     return tokenizer
 
 
@@ -66,6 +75,7 @@ def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id:
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads,
         max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
         tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=1,
         eos_token_id=eos_id,
@@ -79,7 +89,7 @@ def write_tiny_model(folder: str | Path, cfg: TinyModelConfig | None = None, see
     """Write a randomly initialised tiny model and its tokenizer as an HF folder; returns the folder."""
     cfg = cfg or TinyModelConfig()
     folder = Path(folder)
-    tokenizer = build_char_tokenizer(cfg.alphabet, cfg.special_tokens)
+    tokenizer = build_char_tokenizer(cfg.alphabet, cfg.special_tokens, cfg.words)
     model = build_tiny_model(cfg, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

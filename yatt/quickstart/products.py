@@ -2,10 +2,11 @@
 
 Rows are yatt JSONL prompt rows (``{"prompt": "1234*56=", "answer": "69104", "data_source": "exact_match"}``);
 the reward reads the last model turn (yatt.agents: `final_text`). `write_products_files` writes:
-- ``sft.jsonl``: the warm-up (`configs/sft_quickstart_tools.yaml`). A fraction `call_fraction` of its rows is
-  a whole tool conversation in the exact text `rollout.agent.kind=tool_loop` builds (a call to the calculator,
-  named ``c``, the end of turn, the tool-response turn, the answer copied from it); the other rows answer
-  directly, which a model this size gets mostly wrong. The policy so learns the call format but calls on only
+- ``sft.jsonl``: the warm-up (`configs/sft_quickstart_tools.yaml`). A fraction `call_fraction` of its rows
+  call the calculator (named ``c``): their answer is the model's two turns, the call and the product copied from
+  the tool's response, each ended by the end-of-sequence token; the warm-up replays them through the run's
+  `tool_loop`, which runs the calculator and writes its response turn. The other rows answer directly, which a
+  model this size gets mostly wrong. The policy so learns the call format but calls on only
   part of the prompts: GRPO with the tool loop then raises how often it calls, and with it the accuracy.
 - ``train.jsonl`` (RL prompts) and ``eval.jsonl`` (held out); no (a, b) pair is in two files.
 
@@ -21,7 +22,6 @@ from pathlib import Path
 
 from yatt.models.tiny import EOS
 from yatt.quickstart.addition import write_jsonl
-from yatt.tools.hermes import tool_response_text
 
 TOOL = "c"  # the calculator's name in configs/quickstart_tools.yaml (short: every character is a token)
 DEFAULT_SIZES = {"sft": 20000, "train": 20000, "eval": 500}
@@ -40,12 +40,11 @@ def product_row(a: int, b: int) -> dict:
 
 
 def sft_row(a: int, b: int, call: bool) -> dict:
-    """A warm-up row: the whole conversation (model turn ended by the end-of-sequence token, the tool loop's
-    environment text, the answer) or a direct answer."""
+    """A warm-up row: the model's turns (the call, ended by the end-of-sequence token, then the answer), or a
+    direct answer."""
     row = product_row(a, b)
     if call:
-        environment = tool_response_text([str(a * b)], turn_ended=False)
-        row["answer"] = f"{tool_call_text(a, b)}{EOS}{environment}{a * b}"
+        row["answer"] = f"{tool_call_text(a, b)}{EOS}{a * b}"
     return row
 
 

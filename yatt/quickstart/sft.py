@@ -6,6 +6,11 @@ any Hugging Face causal LM folder (`init_from`). Rows are yatt JSONL rows (yatt.
 through the tokenizer's chat template; yatt.data.sft). Training stops at the first evaluation whose greedy
 accuracy reaches `stop_at_accuracy`; a response is right when the verifier its row's `data_source` names
 (the same registry RL rewards use, yatt.rewards.rules) gives it a full score.
+
+With `agent` (the run's `rollout.agent` section) the rows are conversations: each row's model turns are replayed
+through the run's own agent loop (yatt.data.sft.agent_example_ids), so the warm-up sees exactly the ids a rollout
+of the run holds, and the stop check is the run's: greedy conversations through the same loop, tools called,
+the last model turn scored (`greedy_conversations`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import math
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Literal
@@ -23,6 +29,9 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForCausalLM
 
+from yatt.agents import build_loop
+from yatt.agents.base import AgentLoop, TokenizerCodec, Trajectory
+from yatt.agents.config import AgentConfig
 from yatt.config_loading import dump_config
 from yatt.data.errors import DataError
 from yatt.data.jsonl import read_jsonl_shard
@@ -58,6 +67,11 @@ class SFTConfig(BaseModel):
     )
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine: the final learning rate as a fraction of lr.")
     batch_size: int = Field(64, gt=0, description="Rows per optimizer step.")
+    batches: Literal["random", "by_length"] = Field(
+        "random",
+        description="How an epoch's rows form batches: random, or by_length (rows of a similar length together: "
+        "less padding to compute when lengths differ a lot, e.g. tool conversations and direct answers).",
+    )
     max_steps: int = Field(2000, gt=0, description="Stop after this many steps even if the accuracy is not reached.")
     eval_every: int = Field(
         25, gt=0, description="Steps between evaluations while accuracy is below `eval_often_above`."
@@ -75,7 +89,18 @@ class SFTConfig(BaseModel):
     final_eval_examples: int | None = Field(
         None, gt=0, description="Rows of eval_file for the final accuracy in the summary (None: all)."
     )
-    max_new_tokens: int = Field(8, gt=0, description="Longest greedy response at evaluation, end-of-sequence included.")
+    max_new_tokens: int = Field(
+        8,
+        gt=0,
+        description="Longest greedy response at evaluation, end-of-sequence included (with `agent`: "
+        "each model turn, in training too, as rollout.max_new_tokens).",
+    )
+    agent: AgentConfig | None = Field(
+        None,
+        description="The run's rollout.agent section: rows are conversations whose answer is the model's turns, "
+        "each ended by the end-of-sequence token, replayed through this loop (tools run, their responses in the "
+        "context but not the loss); the stop check is greedy conversations through it.",
+    )
     max_tokens: int | None = Field(
         None,
         gt=0,
@@ -108,14 +133,109 @@ def cut_at_eos(tokens: list[int], eos_id: int) -> list[int]:
     return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
-def evaluate(model, tokenizer, rows: list[PromptRow], max_new_tokens: int, batch_size: int = 500, log=None) -> float:
-    """Greedy accuracy on `rows`: the fraction whose response gets a full score from the row's verifier.
-    Rows are grouped by prompt length so no padding is needed; `log` gets a progress line every ~10 s."""
+def greedy_turns(model, histories: list[list[int]], max_tokens: list[int], eos_id: int) -> list[list[int]]:
+    """One greedy model turn per history (a batch per history length), each cut after its end-of-sequence token
+    or at its own max_tokens."""
+    by_length: dict[int, list[int]] = {}
+    for i, history in enumerate(histories):
+        by_length.setdefault(len(history), []).append(i)
+    turns: list[list[int]] = [[] for _ in histories]
+    for group in by_length.values():
+        prompt_ids = torch.tensor([histories[i] for i in group])
+        out = greedy_decode(model, prompt_ids, max(max_tokens[i] for i in group), eos_id).tolist()
+        for i, tokens in zip(group, out):
+            tokens = tokens[: max_tokens[i]]
+            turns[i] = tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+    return turns
+
+
+def greedy_conversations(
+    model, loop: AgentLoop, prompts: list[list[int]], max_new_tokens: int, eos_id: int
+) -> list[Trajectory]:
+    """`loop`'s greedy conversation from every prompt. Each runs in its own thread (a loop is plain sequential
+    code that calls `generate`); whenever every live conversation waits on a turn, those turns are decoded
+    together in this thread (`greedy_turns`), so the model is only ever called here."""
+    cond = threading.Condition()
+    waiting: dict[int, tuple[list[int], int]] = {}
+    answers: dict[int, list[int]] = {}
+    out: list[Trajectory | None] = [None] * len(prompts)
+    errors: list[BaseException] = []
+    live = len(prompts)
+
+    def converse(i: int) -> None:
+        nonlocal live
+
+        def generate(history: list[int], max_tokens: int, seed: int) -> tuple[list[int], list[float], str]:
+            with cond:
+                waiting[i] = (list(history), max_tokens)
+                cond.notify_all()
+                cond.wait_for(lambda: i in answers)
+                turn = answers.pop(i)
+            return turn, [0.0] * len(turn), "stop" if turn and turn[-1] == eos_id else "length"
+
+        try:
+            out[i] = loop.run(prompts[i], generate, max_new_tokens, 0)
+        except BaseException as err:  # raised again in the caller's thread
+            errors.append(err)
+        finally:
+            with cond:
+                live -= 1
+                cond.notify_all()
+
+    threads = [threading.Thread(target=converse, args=(i,), daemon=True) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    while True:
+        with cond:
+            cond.wait_for(lambda: len(waiting) == live)
+            if not waiting:
+                break
+            batch = dict(waiting)
+            waiting.clear()
+        keys = list(batch)
+        turns = greedy_turns(model, [batch[k][0] for k in keys], [batch[k][1] for k in keys], eos_id)
+        with cond:
+            answers.update(zip(keys, turns))
+            cond.notify_all()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def evaluate(
+    model,
+    tokenizer,
+    rows: list[PromptRow],
+    max_new_tokens: int,
+    batch_size: int = 500,
+    log=None,
+    loop: AgentLoop | None = None,
+) -> float:
+    """Greedy accuracy on `rows`: the fraction whose response (with `loop`: the last model turn of the greedy
+    conversation) gets a full score from the row's verifier. Rows are grouped by prompt length so no padding is
+    needed; `log` gets a progress line every ~10 s (and, with `loop`, the conversations' tool calls)."""
     was_training = model.training
     model.eval()
+    prompts = [eval_prompt(row, tokenizer) for row in rows]
+    if loop is not None:
+        start = time.perf_counter()
+        trajectories = greedy_conversations(
+            model, loop, [ids for ids, _ in prompts], max_new_tokens, tokenizer.eos_token_id
+        )
+        model.train(was_training)
+        if log:
+            calls = sum(t.tool_calls for t in trajectories)
+            malformed = sum(t.malformed_tool_calls for t in trajectories)
+            log(
+                f"  eval: {calls / max(len(rows), 1):.2f} calls per conversation, "
+                f"{calls / max(calls + malformed, 1):.2f} well-formed, {time.perf_counter() - start:.1f}s"
+            )
+        right = sum(score(t.final_text, row) >= 1.0 for t, (_, row) in zip(trajectories, prompts))
+        return right / max(len(rows), 1)
     by_length: dict[int, list[tuple[list[int], PromptRow]]] = {}
-    for row in rows:
-        ids, scored = eval_prompt(row, tokenizer)
+    for ids, scored in prompts:
         by_length.setdefault(len(ids), []).append((ids, scored))
     correct, done, start, shown = 0, 0, time.perf_counter(), time.perf_counter()
     for group in by_length.values():
@@ -132,6 +252,20 @@ def evaluate(model, tokenizer, rows: list[PromptRow], max_new_tokens: int, batch
                 log(f"  eval {done}/{len(rows)} prompts, {shown - start:.0f}s")
     model.train(was_training)
     return correct / max(len(rows), 1)
+
+
+def epoch_batches(lengths: torch.Tensor, batch_size: int, gen: torch.Generator, how: str) -> list[torch.Tensor]:
+    """One epoch's batches of row indices (whole batches only), last first (the caller pops). `random`: a shuffle
+    cut in batches. `by_length`: rows of a similar length together, so a batch pads less (a window of 32 batches of
+    the shuffle is sorted by length and cut), the batches then shuffled."""
+    order = torch.randperm(len(lengths), generator=gen)
+    if how == "by_length":
+        window = 32 * batch_size
+        order = torch.cat([w[lengths[w].argsort(stable=True)] for w in order.split(window)])
+    batches = list(order[: len(order) // batch_size * batch_size].split(batch_size))
+    if how == "by_length":
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+    return batches[::-1]
 
 
 def lr_factor(cfg: SFTConfig, step: int) -> float:
@@ -174,7 +308,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
         if tokenizer.pad_token_id is None:  # padding only fills label -100 positions, so any id will do
             tokenizer.pad_token = tokenizer.eos_token
     else:
-        tokenizer = build_char_tokenizer(cfg.model.alphabet, cfg.model.special_tokens)
+        tokenizer = build_char_tokenizer(cfg.model.alphabet, cfg.model.special_tokens, cfg.model.words)
         model = build_tiny_model(cfg.model, len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, cfg.seed)
     pad_id = tokenizer.pad_token_id
     params = sum(p.numel() for p in model.parameters())
@@ -187,7 +321,8 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
             raise DataError(f"{path}: no {split} rows")
     for row in eval_rows:
         eval_prompt(row, tokenizer)  # a bad eval row fails now, not after minutes of training
-    ids, labels = encode_examples(train_rows, tokenizer, cfg.max_tokens)
+    loop = build_loop(cfg.agent, TokenizerCodec(tokenizer)) if cfg.agent is not None else None
+    ids, labels = encode_examples(train_rows, tokenizer, cfg.max_tokens, loop, cfg.max_new_tokens)
     log(
         f"sft: {params:,} params, {len(train_rows)} training rows ({int((labels != -100).sum()):,} target tokens), "
         f"{len(stop_rows)} eval rows for the stop check"
@@ -196,16 +331,16 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.adam_betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(cfg, s))
     gen = torch.Generator().manual_seed(cfg.seed)
-    order, cursor = torch.randperm(len(ids), generator=gen), 0
+    lengths = (labels != -100).long().cumsum(1).argmax(1)  # last target position: a row's width in a batch
+    batches: list[torch.Tensor] = []
 
     model.train()
     history, window, accuracy, step, next_eval, tokens = [], [], 0.0, 0, cfg.eval_every, 0
     stopped_by = "max_steps"
     while step < cfg.max_steps:
-        if cursor + cfg.batch_size > len(order):  # new epoch
-            order, cursor = torch.randperm(len(ids), generator=gen), 0
-        batch = order[cursor : cursor + cfg.batch_size]
-        cursor += cfg.batch_size
+        if not batches:  # new epoch
+            batches = epoch_batches(lengths, cfg.batch_size, gen, cfg.batches)
+        batch = batches.pop()
         width = int((labels[batch] != -100).nonzero()[:, 1].max()) + 1  # drop all-padding columns
         loss = sft_loss(model, ids[batch, :width], labels[batch, :width], pad_id)
         optimizer.zero_grad(set_to_none=True)
@@ -225,7 +360,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
             )
 
         if step == next_eval or step == cfg.max_steps:
-            accuracy = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens, log=log)
+            accuracy = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens, log=log, loop=loop)
             elapsed = time.perf_counter() - start
             mean_loss = sum(window) / len(window)
             history.append(
@@ -240,7 +375,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
 
     train_seconds = time.perf_counter() - start
     final_rows = eval_rows[: cfg.final_eval_examples] if cfg.final_eval_examples else eval_rows
-    final_accuracy = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens, log=log)
+    final_accuracy = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens, log=log, loop=loop)
     summary = {
         "steps": step,
         "stopped_by": stopped_by,

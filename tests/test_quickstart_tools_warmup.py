@@ -1,0 +1,97 @@
+"""The tool quickstart's warm-up gives what its run needs, measured the way the run sees it.
+
+The warm-up (configs/sft_quickstart_tools.yaml) replays each row's model turns through the run's own loop, the
+`rollout.agent` section of configs/quickstart_tools.yaml, so a warm-up example holds the ids a rollout holds:
+the prompt as the run encodes it, the calculator's response as the loop writes it, masked like a rollout's. A
+short warm-up by the real SFT code, loaded from its folder as the run loads it, then calls the calculator with
+the prompt's own expression (the quickstart once shipped a warm-up whose calls miscopied every operand, so no
+sample was right and GRPO had nothing to learn from).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from yatt.agents import build_loop
+from yatt.agents.base import TokenizerCodec
+from yatt.config import load_experiment
+from yatt.config_loading import load_config
+from yatt.data.jsonl import read_jsonl_shard
+from yatt.data.prepare import encode_prompts
+from yatt.data.sft import agent_example_ids
+from yatt.models.tiny import build_char_tokenizer
+from yatt.models.tokenizer import load_tokenizer
+from yatt.quickstart.products import write_products_files
+from yatt.quickstart.sft import SFTConfig, greedy_conversations, run_sft
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = REPO / "configs/quickstart_tools.yaml"
+WARMUP = REPO / "configs/sft_quickstart_tools.yaml"
+EXPRESSION = re.compile(r'"expression":"([^"]*)"')
+
+
+@pytest.fixture(scope="module")
+def products(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("products")
+    write_products_files(out, sizes={"sft": 2000, "train": 64, "eval": 64})
+    return out
+
+
+def test_the_warmup_replays_the_run_s_own_loop(tmp_path):
+    run, warmup = load_experiment(RUN), load_config(SFTConfig, WARMUP)
+    assert warmup.agent == run.rollout.agent
+    assert warmup.max_new_tokens == run.rollout.max_new_tokens
+
+
+def test_a_warmup_row_holds_the_ids_a_rollout_of_the_run_holds(tmp_path, products):
+    """Its prompt part is the run's prompt ids (tokenizer loaded from the folder as the run loads it), and the
+    rest is the tool loop's trajectory for the row's turns."""
+    warmup, run = load_config(SFTConfig, WARMUP), load_experiment(RUN)
+    build_char_tokenizer(warmup.model.alphabet, warmup.model.special_tokens, warmup.model.words).save_pretrained(
+        tmp_path / "tok"
+    )
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    loop = build_loop(run.rollout.agent, TokenizerCodec(tokenizer))
+    row = next(r for r in read_jsonl_shard([products / "sft.jsonl"], 0, 1) if "tool_call" in r.answer)
+    ids, labels = agent_example_ids(row, tokenizer, loop, warmup.max_new_tokens)
+    [prompt] = encode_prompts([row], tokenizer, run.data.max_prompt_tokens)
+    assert ids[: len(prompt)] == prompt and labels[: len(prompt)] == [-100] * len(prompt)
+    text = tokenizer.decode(ids[len(prompt) :])
+    product = row.prompt.removesuffix("=")
+    assert text.startswith(f'<tool_call>{{"name":"c","arguments":{{"expression":"{product}"}}}}</tool_call></s>')
+    assert f"<tool_response>\n{eval(product)}\n</tool_response>" in text and text.endswith(f"{eval(product)}</s>")
+    trained = tokenizer.decode([t for t in labels if t != -100])  # the model's turns only, not the tool's
+    assert "<tool_response>" not in trained and trained.count(str(eval(product))) == 1
+
+
+@pytest.fixture(scope="module")
+def warmed_up(products, tmp_path_factory) -> Path:
+    """The repository's warm-up config, shortened: fewer rows and steps."""
+    out = tmp_path_factory.mktemp("tools_policy") / "policy"
+    overrides = [f"sft_file={products / 'sft.jsonl'}", f"eval_file={products / 'eval.jsonl'}", f"output_dir={out}"]
+    cfg = load_config(SFTConfig, WARMUP, overrides + SHORT)
+    run_sft(cfg, log=lambda *a: None)
+    return out
+
+
+SHORT = ["max_steps=150", "eval_every=1000", "eval_examples=16"]
+
+
+def test_a_short_warmup_calls_the_calculator_with_the_prompt_s_expression(warmed_up, products):
+    run = load_experiment(RUN)
+    tokenizer = load_tokenizer(warmed_up)
+    model = AutoModelForCausalLM.from_pretrained(str(warmed_up), dtype=torch.float32)
+    rows = read_jsonl_shard([products / "eval.jsonl"], 0, 1)
+    prompts = encode_prompts(rows, tokenizer, run.data.max_prompt_tokens)
+    loop = build_loop(run.rollout.agent, TokenizerCodec(tokenizer))
+    trajectories = greedy_conversations(model, loop, prompts, run.rollout.max_new_tokens, tokenizer.eos_token_id)
+    copied = 0
+    for row, trajectory in zip(rows, trajectories):
+        found = EXPRESSION.search(tokenizer.decode(trajectory.response_ids))
+        copied += bool(found) and found.group(1) == row.prompt.removesuffix("=") and trajectory.tool_calls == 1
+    assert copied >= 0.5 * len(rows), f"{copied} of {len(rows)} calls hold the prompt's expression"
