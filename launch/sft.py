@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     if cfg.output_dir.exists() and not args.force:
         print(f"sft: {cfg.output_dir} already exists; skipping (pass --force to train again)")
         return 0
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.threads)
     try:
         run_sft(cfg)
     except DataError as err:  # a bad row or file: one line naming it

@@ -111,7 +111,7 @@ def test_stop_check_goes_through_the_rows_verifier(tmp_path, monkeypatch, chat_m
             )
             + "\n"
         )
-        assert evaluate(model, tok, read_jsonl_shard([path], 0, 1), 8) == expected
+        assert evaluate(model, tok, read_jsonl_shard([path], 0, 1), 8) == {"accuracy": expected}
 
 
 def test_sft_from_an_hf_folder_on_messages_rows(tmp_path, chat_model):

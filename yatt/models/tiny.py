@@ -40,7 +40,6 @@ class TinyModelConfig(BaseModel):
     num_attention_heads: int = Field(4, gt=0)
     num_key_value_heads: int = Field(2, gt=0)
     max_position_embeddings: int = Field(128, gt=0)
-    rope_theta: float = Field(10000.0, gt=0, description="Base of the rotary position frequencies.")
     tie_word_embeddings: bool = True
 
 
@@ -75,7 +74,6 @@ def build_tiny_model(cfg: TinyModelConfig, vocab_size: int, eos_id: int, pad_id:
         num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads,
         max_position_embeddings=cfg.max_position_embeddings,
-        rope_theta=cfg.rope_theta,
         tie_word_embeddings=cfg.tie_word_embeddings,
         bos_token_id=1,
         eos_token_id=eos_id,
