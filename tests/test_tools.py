@@ -194,12 +194,19 @@ def test_validation_reads_no_file():
         ({"calc": {"kind": "calculator", "max_chars": 0}}, "greater than 0"),
         ({"x": {"kind": "no_such_pkg.tools:T"}}, "rollout.agent.tools.x.kind: cannot import 'no_such_pkg.tools'"),
         ({"x": {"kind": "tests.plugins.my_tool:Missing"}}, "has no attribute 'Missing'"),
-        ({"x": "calculator"}, "a tool's section is a mapping"),
+        ({"x": 5}, "a tool's section is a mapping"),
     ],
 )
 def test_bad_tool_sections_fail_naming_the_problem(tools, message):
     with pytest.raises(ValidationError, match=message):
         AgentConfig(kind="tool_loop", tools=tools)
+
+
+def test_a_bare_kind_is_that_tool_s_section():
+    assert AgentConfig(kind="tool_loop", tools={"c": "calculator"}) == AgentConfig(
+        kind="tool_loop", tools={"c": {"kind": "calculator"}}
+    )
+    assert AgentConfig.model_validate("single_turn") == AgentConfig()
 
 
 def test_a_user_tool_plugs_in_by_import_path_with_its_own_section():
