@@ -71,8 +71,8 @@ def test_a_warmup_row_holds_the_ids_a_rollout_of_the_run_holds(tmp_path, product
 
 @pytest.fixture(scope="module")
 def warmed_up(products, tmp_path_factory) -> tuple[Path, dict]:
-    """The repository's warm-up, as `make quickstart-tools` runs it, on its own rows (the copy appears after about
-    225 steps, ~4 minutes on 2 cores); only the stop check's and the final evaluation's rows are fewer."""
+    """The repository's warm-up, as `make quickstart-tools` runs it, on its own rows (the stop check is met after about
+    270 steps, ~4.5 minutes on 2 cores); only the stop check's and the final evaluation's rows are fewer."""
     out = tmp_path_factory.mktemp("tools_policy") / "policy"
     overrides = [f"sft_file={products / 'sft.jsonl'}", f"eval_file={products / 'eval.jsonl'}", f"output_dir={out}"]
     cfg = load_config(SFTConfig, WARMUP, overrides + ["eval_examples=64", "final_eval_examples=64"])
