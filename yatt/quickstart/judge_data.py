@@ -76,21 +76,27 @@ def wrong_response(answer: str, rng: random.Random, mix: str = "near_miss") -> s
     return text if not answers_match(text, answer) else wrong_response(answer, rng, mix)
 
 
-def judge_rows(addition_rows: list[dict], seed: int, mix: str, template: str = QUICKSTART_TEMPLATE) -> list[dict]:
-    """One judge row per addition row: right or wrong response with equal odds, labelled by the rule."""
+def judge_cases(addition_rows: list[dict], seed: int, mix: str) -> list[tuple[str, str, str, str]]:
+    """(question, reference, response, label) per addition row: a right or wrong response with equal odds,
+    labelled "yes"/"no" by the rule: what a run's GenRM asks the judge, and the verdict the rule gives."""
     rng = random.Random(seed)
-    rows = []
+    cases = []
     for row in addition_rows:
         answer = row["answer"]
         if rng.random() < 0.5:
             response = answer if rng.random() < 0.9 else rng.choice([" ", ""]) + answer + rng.choice([" ", ""])
         else:
             response = wrong_response(answer, rng, mix)
-        label = "yes" if answers_match(response, answer) else "no"
-        rows.append(
-            {"prompt": render(template, row["prompt"], answer, response), "answer": label, "data_source": "exact_match"}
-        )
-    return rows
+        cases.append((row["prompt"], answer, response, "yes" if answers_match(response, answer) else "no"))
+    return cases
+
+
+def judge_rows(addition_rows: list[dict], seed: int, mix: str, template: str = QUICKSTART_TEMPLATE) -> list[dict]:
+    """One SFT row per case of `judge_cases`: the judge template filled in, answered with the rule's verdict."""
+    return [
+        {"prompt": render(template, question, reference, response), "answer": label, "data_source": "exact_match"}
+        for question, reference, response, label in judge_cases(addition_rows, seed, mix)
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -73,8 +73,9 @@ def wrong_candidate(answer: str, rng: random.Random) -> str:
     return text if not answers_match(text, answer) else wrong_candidate(answer, rng)
 
 
-def judge_rows(shapes_rows: list[dict], seed: int, wrong: int = 1, template: str = TEMPLATE) -> list[dict]:
-    """Per shapes row a right candidate and `wrong` wrong ones, in random order, labelled by the rule."""
+def judge_cases(shapes_rows: list[dict], seed: int, wrong: int = 1) -> list[tuple[dict, str, str]]:
+    """(shapes row, response, verdict) per candidate: per row a right candidate and `wrong` wrong ones, in
+    random order; the verdict is "<count> yes|no" by the rule (what the judge is taught to write)."""
     rng = random.Random(seed)
     out = []
     for row in shapes_rows:
@@ -82,16 +83,17 @@ def judge_rows(shapes_rows: list[dict], seed: int, wrong: int = 1, template: str
         right = answer if rng.random() < 0.9 else rng.choice([" ", ""]) + answer + rng.choice([" ", ""])
         candidates = [right] + [wrong_candidate(answer, rng) for _ in range(wrong)]
         rng.shuffle(candidates)
+        out += [(row, r, f"{answer} {'yes' if answers_match(r, answer) else 'no'}") for r in candidates]
+    return out
+
+
+def judge_rows(shapes_rows: list[dict], seed: int, wrong: int = 1, template: str = TEMPLATE) -> list[dict]:
+    """One SFT row per case of `judge_cases`: the template filled in as the run's Judge.request fills it."""
+    out = []
+    for row, response, verdict in judge_cases(shapes_rows, seed, wrong):
         question = row["prompt"].replace(IMAGE_PLACEHOLDER, "")  # as Judge.request: only {images} places images
-        for response in candidates:
-            out.append(
-                {
-                    "prompt": render(template, question, None, response, IMAGE_PLACEHOLDER * len(row["images"])),
-                    "answer": f"{answer} {'yes' if answers_match(response, answer) else 'no'}",
-                    "data_source": "exact_match",
-                    "images": row["images"],
-                }
-            )
+        prompt = render(template, question, None, response, IMAGE_PLACEHOLDER * len(row["images"]))
+        out.append({"prompt": prompt, "answer": verdict, "data_source": "exact_match", "images": row["images"]})
     return out
 
 
@@ -113,14 +115,13 @@ def train_judge(data: Path, out: Path, stop_at: float = 0.995, seed: int = 0, **
     if not (data / "judge_sft.jsonl").is_file():
         write_judge_files(data, seed)
     kw = {"lr": 1e-3, "batch_size": 64, "max_steps": 3000, "eval_every": 50, "eval_rows": 400, **kw}
+    kw = {"train_file": "judge_sft.jsonl", "eval_file": "judge_eval.jsonl", **kw}
     return run_sft_vl(
         data,
         out,
         stop_at,
         seed=seed,
         min_answer_accuracy=0.0,
-        train_file="judge_sft.jsonl",
-        eval_file="judge_eval.jsonl",
         model=JUDGE_MODEL,
         max_new_tokens=6,
         correct=same_verdict,
