@@ -51,7 +51,7 @@ def test_plugin_trainer_and_engine_by_import_path_run_a_step(tmp_path, monkeypat
     parts = build_components(cfg, WORLD, tmp_path / "run")
     shard = ControllerShard(cfg, WORLD, parts)
     try:
-        metrics = shard.step(1)
+        metrics = shard.step(1).metrics
         health = parts.engines.local["rollout"].health()
     finally:
         shard.close()

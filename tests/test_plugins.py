@@ -29,11 +29,11 @@ def test_a_verifier_from_tests_scores_the_rows_of_its_data_source(tmp_path):
         "reward.verifiers.even_digit=tests.plugins.my_verifier:even_digit",
         "data.train.data_source=even_digit",
     ) as (shard, _):
-        metrics = shard.step(1)
+        result = shard.step(1)
         # the fake engine answers 0..7 to every prompt: 4 even digits in each group (exact_match: 1 in 8)
-        assert metrics["reward/mean"] == 0.5 and metrics["actor/grad_norm"] > 0
-        assert all(r.reward == float(r.text in "0246") for r in shard.last_rollouts)
-        assert {r.row.data_source for r in shard.last_rollouts} == {"even_digit"}
+        assert result.metrics["reward/mean"] == 0.5 and result.metrics["actor/grad_norm"] > 0
+        assert all(r.reward == float(r.text in "0246") for r in result.rollouts)
+        assert {r.row.data_source for r in result.rollouts} == {"even_digit"}
 
 
 def test_an_advantage_estimator_from_tests_gets_its_own_section_and_trains(tmp_path, monkeypatch):
@@ -48,7 +48,7 @@ def test_an_advantage_estimator_from_tests_gets_its_own_section_and_trains(tmp_p
         advantages = shard.algorithm.advantages
         monkeypatch.setattr(shard.algorithm, "advantages", lambda inp: seen.append(advantages(inp)) or seen[-1])
         before = {name: t.clone() for name, t in shard.trainer.named_weights()}
-        metrics = shard.step(1)
+        metrics = shard.step(1).metrics
         # prompt "0+b=" gets samples 0..7, sample b right: 3 * (one-hot - 1/8) per group
         want = torch.tensor([3.0 * (float(j == b) - 1 / 8) for b in range(8) for j in range(8)])
         torch.testing.assert_close(seen[0][0], want)
@@ -72,9 +72,9 @@ def test_a_verifier_from_a_file_outside_yatt_and_tests(tmp_path, monkeypatch):
     with fake_shard(
         tmp_path, "reward.verifiers.sevens=outside_rewards:ends_in_seven", "data.train.data_source=sevens"
     ) as (shard, _):
-        shard.step(1)
+        rollouts = shard.step(1).rollouts
         # every prompt's sample "7" scores 1, whatever the prompt's own answer (exact_match: only "0+7=")
-        assert sorted({(r.text, r.reward) for r in shard.last_rollouts}) == [(str(j), float(j == 7)) for j in range(8)]
+        assert sorted({(r.text, r.reward) for r in rollouts}) == [(str(j), float(j == 7)) for j in range(8)]
 
 
 def rank_data(config, *overrides):

@@ -7,12 +7,15 @@ import threading
 import time
 
 import pytest
+import torch
 
-from yatt.config import ScheduleConfig
+from yatt.config import ExperimentConfig
 from yatt.controllers.generation import GenerationStats
 from yatt.controllers.metrics import StageTimer
-from yatt.controllers.schedule import AheadSchedule, Batch, SyncSchedule, rollout_schedule
+from yatt.controllers.schedule import AheadSchedule, Batch, SyncSchedule, build_schedule
 from yatt.data.rollout import Rollout
+from yatt.distributed import World
+from yatt.placement.ownership import HookRole
 
 
 class FakeProducer:
@@ -161,12 +164,48 @@ def test_a_producer_failure_is_raised_in_the_trainer():
         schedule.close()
 
 
-def test_the_config_picks_the_schedule():
-    produce = FakeProducer()
-    assert isinstance(rollout_schedule(ScheduleConfig(), produce, 0, 5), SyncSchedule)
-    one = rollout_schedule(ScheduleConfig(mode="one_step_off", max_staleness=3), produce, 0, 5)
-    assert isinstance(one, AheadSchedule) and one.staleness == 1
-    assert rollout_schedule(ScheduleConfig(mode="async", max_staleness=3), produce, 0, 5).staleness == 3
+class Engines:
+    """The engine services' side a schedule sets up (roles, kept pushes, preemption): nothing runs on them here."""
+
+    preemption = None
+    kept = False
+
+    def device_roles(self) -> dict:
+        return {}
+
+    def keep_pushed(self) -> None:
+        self.kept = True
+
+    def heal(self) -> int:
+        return 0
+
+    heal_local = heal
+
+
+def test_the_config_picks_the_schedule_and_its_devices():
+    world = World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
+    train = HookRole(lambda: None, lambda: None)
+
+    def build(**schedule):
+        cfg = ExperimentConfig.model_validate(
+            {
+                "model": {"path": "m"},
+                "data": {"train": {"kind": "jsonl", "files": ["t.jsonl"]}},
+                "rollout": {"schedule": schedule},
+                "run": {"steps": 5},
+            }
+        )
+        engines = Engines()
+        return build_schedule(cfg, FakeProducer(), engines, train, world, world, None), engines
+
+    sync, engines = build()
+    assert isinstance(sync, SyncSchedule) and sync.where.placement is sync.where.engine_placement
+    assert not engines.kept and sync.stateful() == {}
+    one, engines = build(mode="one_step_off", max_staleness=3)
+    assert isinstance(one, AheadSchedule) and one.staleness == 1 and one.last == 5 and engines.kept
+    assert one.where.placement is not one.where.engine_placement and one.stateful() == {"rollouts": one}
+    resumed, engines = build(mode="async", max_staleness=3, in_flight="resume")
+    assert resumed.staleness == 3 and resumed.resume and engines.preemption is resumed
 
 
 def test_in_flight_resume_pushes_mid_batch_and_the_batch_goes_on_with_the_new_weights():

@@ -107,7 +107,7 @@ def test_step_trains_on_the_engine_samples_and_syncs_the_weights(shard):
     shard, engines = shard
     [engine] = engines
     before = {name: t.clone() for name, t in shard.trainer.named_weights()}
-    metrics = shard.step(1)
+    metrics = shard.step(1).metrics
 
     # prompts "0+b=" (b = 0..7) x samples "0".."7": exactly one right sample per group
     assert metrics["rollout/samples"] == 64 and metrics["response/length_mean"] == 2.0
@@ -170,7 +170,7 @@ def test_reusing_the_on_policy_forward_changes_nothing_but_the_work(tmp_path):
     for mode in ("recompute", "reuse", "rollout"):
         torch.manual_seed(0)
         with fake_shard(tmp_path / mode, f"algorithm.old_logprobs={mode}") as (shard, _):
-            results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
+            results[mode] = (shard.step(1).metrics, {k: v.clone() for k, v in shard.trainer.named_weights()})
     (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
     for key in (
         "actor/policy_loss",
@@ -229,7 +229,7 @@ ALGORITHMS = {
 def test_every_algorithm_trains_through_the_step(shard):
     shard, _ = shard
     before = {name: t.clone() for name, t in shard.trainer.named_weights()}
-    metrics = shard.step(1)
+    metrics = shard.step(1).metrics
     for name in shard.algorithm.stats:
         assert torch.isfinite(torch.tensor(metrics[f"actor/{name}"])), name
     assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if k.startswith("rollout_is/"))
@@ -245,13 +245,13 @@ def test_every_algorithm_trains_through_the_step(shard):
 @pytest.mark.parametrize("shard", [ALGORITHMS["recompute_truncated_is_adaptive_kl"]], indirect=True)
 def test_adaptive_kl_coefficient_moves_and_is_checkpointed(shard):
     shard, _ = shard
-    metrics = shard.step(1)
+    metrics = shard.step(1).metrics
     # step 1 measures KL 0 (policy = reference, before the update): error -1 clipped to -.2, 64 samples over
     # a horizon of 64: x .8
     assert metrics["actor/kl_coef"] == 0.1 and metrics["actor/kl_ref"] == 0.0
     assert shard.algorithm.kl_coef == pytest.approx(0.08)
     state = {k: dict(v) if k == "kl_control" else v for k, v in shard.state_dict().items()}
-    metrics = shard.step(2)  # now the policy moved: KL above the 1e-6 target, x 1.2
+    metrics = shard.step(2).metrics  # now the policy moved: KL above the 1e-6 target, x 1.2
     assert metrics["actor/kl_coef"] == pytest.approx(0.08) and metrics["actor/kl_ref"] > 1e-6
     assert shard.algorithm.kl_coef == pytest.approx(0.096)
     shard.load_state_dict(state)
@@ -274,7 +274,7 @@ def test_remax_baseline_is_the_greedy_reward_of_each_prompt(shard, monkeypatch):
     seen = []
     advantages = shard.algorithm.advantages
     monkeypatch.setattr(shard.algorithm, "advantages", lambda inp: seen.append(inp) or advantages(inp))
-    metrics = shard.step(1)
+    metrics = shard.step(1).metrics
     # the fake's greedy answer is "0": right for prompt "0+0=" only, so prompt 0's baseline is 1, the others' 0
     (inp,) = seen
     torch.testing.assert_close(inp.baselines, torch.tensor([1.0] * 8 + [0.0] * 56))
@@ -296,7 +296,7 @@ def test_rollout_is_weights_are_the_same_with_reused_old_logprobs(tmp_path):
             "algorithm.rollout_is.mode=mask",
             "algorithm.rollout_is.lower_threshold=0.25",
         ) as (shard, _):
-            results[mode] = (shard.step(1), {k: v.clone() for k, v in shard.trainer.named_weights()})
+            results[mode] = (shard.step(1).metrics, {k: v.clone() for k, v in shard.trainer.named_weights()})
     (want, want_w), (got, got_w) = results["recompute"], results["reuse"]
     # the fake's -1 per token against the trainer's own log-probs: some tokens dropped, not all
     assert 0 < want["rollout_is/changed_frac"] < 1

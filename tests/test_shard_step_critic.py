@@ -28,7 +28,7 @@ def test_values_feed_gae_and_both_models_train(ppo, monkeypatch):
     advantages = shard.algorithm.advantages
     monkeypatch.setattr(shard.algorithm, "advantages", lambda inp: seen.append(inp) or advantages(inp))
     policy, critic = weights(shard.trainer), weights(shard.critic.trainer)
-    metrics = shard.step(1)
+    metrics = shard.step(1).metrics
     (inp,) = seen
     # values of every response token (2 per sample), from the critic before its update
     assert inp.values.shape == inp.mask.shape and (inp.values[inp.mask == 0] == 0).all()
@@ -61,13 +61,13 @@ def test_the_critic_is_in_checkpoints(ppo):
 def test_warm_up_steps_train_only_the_critic(ppo):
     shard, _ = ppo
     policy, critic = weights(shard.trainer), weights(shard.critic.trainer)
-    metrics = shard.step(1)
+    metrics = shard.step(1).metrics
     assert not changed(policy, shard.trainer) and changed(critic, shard.critic.trainer)
     assert metrics["critic/warmup"] == 1.0 and metrics["actor/grad_norm"] == 0.0
     assert shard.trainer.optimizer_steps == 0 and shard.critic.trainer.optimizer_steps == 2
     # no policy forward to reuse: the old log-probs and entropies came from a full pass
     assert metrics["actor/entropy"] > 0 and metrics["rollout/trainer_logprob_diff_mean"] > 0
-    metrics = shard.step(2)
+    metrics = shard.step(2).metrics
     assert changed(policy, shard.trainer) and metrics["critic/warmup"] == 0.0 and metrics["actor/grad_norm"] > 0
 
 
@@ -75,7 +75,7 @@ def test_a_critic_enabled_by_hand_trains_beside_another_estimator(tmp_path):
     with fake_shard(tmp_path, "critic.enabled=true") as (shard, _):
         assert shard.algorithm.estimator.config.__name__ == "GRPOConfig" and shard.critic is not None
         critic = weights(shard.critic.trainer)
-        metrics = shard.step(1)
+        metrics = shard.step(1).metrics
         # targets: the undiscounted returns, here the outcome reward on every token
         assert metrics["critic/returns_mean"] == pytest.approx(8 / 64) and changed(critic, shard.critic.trainer)
         assert metrics["actor/grad_norm"] > 0

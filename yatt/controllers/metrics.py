@@ -22,6 +22,7 @@ from yatt.balance.workload import sample_workload
 from yatt.checkpoint.manifest import write_atomic
 from yatt.config import ExperimentConfig
 from yatt.data.rollout import Rollout
+from yatt.placement.metrics import maxed, summed
 from yatt.tensors import TokenBatch
 
 STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
@@ -141,6 +142,17 @@ def step_metrics(
     metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
     if cfg.algorithm.dynamic_sampling.enabled:
         metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
+    return metrics
+
+
+def train_metrics(cfg, algo, world, trained, batch, entropy, ref_lp, update, seconds) -> dict[str, float]:
+    """The step's training metrics over `world`'s ranks (step_reductions summed and maxed, then step_metrics),
+    the behaviour/trainer log-prob mismatch (after the update: with old_logprobs=reuse its first forwards filled
+    in the on-policy rows' log-probs) and the KL coefficient the step used. `algo`: yatt.algorithms.Algorithm."""
+    sums, peaks = step_reductions(cfg, algo.stats, trained, batch, entropy, ref_lp, update, seconds)
+    metrics = step_metrics(cfg, algo.stats, world.size, summed(world, sums), maxed(world, peaks), update)
+    metrics.update(algo.mismatch_metrics(batch, world))
+    metrics["actor/kl_coef"] = algo.kl_coef
     return metrics
 
 

@@ -120,7 +120,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     shard = ControllerShard(cfg, world, parts, data, data_world=data_world, group_world=group)
     if found:
         checkpoints.load(found[0], shard)
-    samples_before = shard.samples_trained
+    trained = [float(shard.samples_trained), 0.0]  # this rank's samples: since the run began, since this launch
+    latest: list = []  # the last step's rollouts
     sinks = open_sinks(cfg.run, cfg.model_dump(mode="json")) if world.is_main else []
     resumed = (start_step, history[-1]["elapsed_s"] if history else 0.0)
     log = MetricsLogger(run_dir / "metrics.jsonl", cfg.run.steps, enabled=world.is_main, sinks=sinks, resumed=resumed)
@@ -131,8 +132,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
             print(
                 f"eval at step {step}: greedy responses to up to {cfg.data.eval_prompts} held-out prompts", flush=True
             )
-        result = shard.evaluate()
-        samples.write(step, shard.last_eval, shard.last_rollouts)
+        result, rollouts = shard.evaluate()
+        samples.write(step, rollouts, latest)
         return result
 
     preemption = PreemptionFlag()
@@ -152,7 +153,9 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
             step_start = time.perf_counter()
             if step_gc:
                 gc.collect()
-            metrics = shard.step(step)
+            result = shard.step(step)
+            metrics, latest = result.metrics, result.rollouts
+            trained = [float(result.samples_trained), trained[1] + result.samples_trained - trained[0]]
             metrics["time/step_s"] = time.perf_counter() - step_start
             # peak resident memory of a controller+trainer process (engines are separate processes)
             metrics["perf/peak_rss_gib"] = world.max([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])[0]
@@ -176,9 +179,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
         checkpoints.finish()
         train_seconds = time.perf_counter() - train_start
         # ranks may train different counts (dynamic sampling, rebalancing)
-        samples, since_start = data_world.sum(
-            [float(shard.samples_trained), float(shard.samples_trained - samples_before)]
-        )
+        samples, since_start = data_world.sum(trained)
         summary = {
             "steps": cfg.run.steps,
             "world_size": world.size,

@@ -35,12 +35,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from yatt.config import ScheduleConfig
-from yatt.controllers.generation import GenerationStats
+from yatt.config import ExperimentConfig
+from yatt.controllers.generation import GenerationStats, GroupShare
 from yatt.controllers.metrics import StageTimer
 from yatt.data.rollout import Rollout
-from yatt.distributed import World
-from yatt.placement.metrics import maxed, summed
+from yatt.distributed import World, model_parallel_world, own_group
+from yatt.placement.engine_lifecycle import EngineServices
+from yatt.placement.metrics import engine_busy, maxed, step_placement_metrics, summed
+from yatt.placement.ownership import DeviceOwnership, HookRole
+from yatt.placement.plan import GenerationSchedule, GenerationSplit
 
 PRODUCER_STAGES = ("generate", "reward")
 
@@ -67,39 +70,142 @@ class Batch:
 Produce = Callable[[int, StageTimer, int], Batch]  # (step, timer, weights version) -> the step's batch
 
 
-class SyncSchedule:
-    """Generate, then train, then push: the step's batch is produced when the step asks for it."""
+def batches(produce: Callable, engines: EngineServices, heal: Callable[[], int]) -> Produce:
+    """A schedule's Produce from the shard's `produce(step, timer)` (its rollouts, generation stats and dynamic
+    sampling counts): `heal` the engines first (sync: all ranks together; ahead of the trainer, on the producer
+    thread: this rank's own, without collectives), note the engines' time and the weights version."""
 
-    def __init__(self, produce: Produce, version: int):
-        self.produce, self.version = produce, version
-        self.engines = contextlib.nullcontext()
+    def batch(step: int, timer: StageTimer, version: int) -> Batch:
+        restarted, before = heal(), engines.busy_seconds()
+        rollouts, stats, counts = produce(step, timer)
+        for r in rollouts:  # groups dynamic sampling kept from an earlier batch keep their own version
+            r.version = version if r.version < 0 else r.version
+        return Batch(rollouts, stats, counts, engine_busy(before, engines.busy_seconds()), restarted)
+
+    return batch
+
+
+@dataclass
+class Where:
+    """The devices a schedule makes its batches on, as `build_schedule` sets them up for `rollout.schedule` and
+    `placement.mode` (None in the unit tests of a schedule's timing)."""
+
+    engines: EngineServices
+    placement: DeviceOwnership  # the main thread's: owns "train" (sync: the engines' roles too)
+    engine_placement: DeviceOwnership  # the engines' roles (sync: the same object)
+    group: GroupShare  # the producer's model-parallel share of a batch's prompts
+    world: World  # every rank's device
+    devices: World  # the devices whose engines serve each other's batches (partial placement: barriers)
+    splits: GenerationSchedule  # partial placement: which devices generate and which judge, chosen from load
+
+    @property
+    def partial(self) -> bool:
+        """placement.mode == partial: every rank's batch is generated on every rank's engines."""
+        return self.splits.split is not None
+
+
+class RolloutSchedule:
+    """What the shard asks of `rollout.schedule`, whichever it is; sync is the trivial case.
+
+    `take` a step's batch, made by `produce` (on the caller's thread, or ahead on a producer thread); `push` the
+    new weights; the engines' healing, the partial placement barriers around a batch, the push itself and the
+    wait before an evaluation are the schedule's, so the shard never asks which schedule it has."""
+
+    where: Where | None
+    engines: contextlib.AbstractContextManager  # held around every use of the engines
+    version: int  # the step whose weights the engines hold
+
+    def take(self, step: int, timer: StageTimer) -> Batch:
+        raise NotImplementedError
+
+    def settled(self, step: int) -> int:
+        """The last step every rank has finished when batch `step` starts."""
+        raise NotImplementedError
+
+    def push(self, step: int, push: Callable[[], None]) -> None:
+        raise NotImplementedError
 
     def released(self) -> contextlib.AbstractContextManager:
+        """Around a wait on other ranks on the producer's side: lets go of the engines meanwhile where needed."""
         return contextlib.nullcontext()
+
+    def held(self) -> list[Rollout]:
+        """The rollouts of batches made and not yet trained on."""
+        return []
+
+    def metrics(self, step: int, rollouts: list[Rollout]) -> tuple[dict[str, float], dict[str, float]]:
+        """This rank's (to sum over ranks, to max over ranks) schedule metrics of the step."""
+        return {}, {}
+
+    def stateful(self) -> dict:
+        """The parts of the schedule a checkpoint holds, by key."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+    # ---- on the devices of `where` ---------------------------------------------------------------
+    def batch_started(self) -> None:
+        """On the producer's side, before a batch's first request."""
+
+    def batch_made(self, timer: StageTimer) -> None:
+        """Partial placement: a device keeps serving the others until every controller's batch is made."""
+        if self.where.partial:
+            with timer("generate"), self.released():
+                self.where.devices.barrier()
+
+    def push_weights(self, step: int) -> None:
+        """Step `step`'s weights to the rollout engines, when the schedule lets them go."""
+        self.push(step, self.load_weights)
+
+    def load_weights(self) -> None:
+        """Push the trainer's weights into the rollout engines now (a resumed run's, too)."""
+        with self.where.engine_placement.own("rollout"):
+            self.where.engines.push_policy()
+
+    def before_evaluation(self) -> None:
+        """Before the held-out evaluation uses the engines."""
+
+    def split(self, step: int) -> GenerationSplit | None:
+        """The generation split batch `step` is made with (None: full placement), the same on every rank."""
+        return self.where.splits.split_for(self.settled(step))
+
+    def placement_metrics(self, data: World, step: int, batch: Batch, timer: StageTimer, judges) -> dict[str, float]:
+        """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics; sums
+        over `data`, the data-parallel ranks); looks restarted engines up again, and picks the next step's split."""
+        where = self.where
+        busy = {**batch.busy, "train": timer.seconds["logprobs"] + timer.seconds["update"]}
+        restarts, owned = where.engines.take_restarts(), where.placement.take_metrics()
+        parts = (busy, owned, restarts, batch.restarted, batch.stats, self.split(step), timer.total, judges)
+        out = step_placement_metrics(data, where.world, *parts, batch.rollouts)
+        if out["placement/engine_restarts"]:
+            with self.engines:
+                where.engines.forget_endpoints()
+        # every rank saw the same sums, so all choose the same split for the next step
+        where.splits.observe(out["load/rollout_busy_s"], out["load/genrm_busy_s"], step)
+        return out
+
+
+class SyncSchedule(RolloutSchedule):
+    """Generate, then train, then push: the step's batch is produced when the step asks for it."""
+
+    def __init__(self, produce: Produce, version: int, where: Where | None = None):
+        self.produce, self.version, self.where = produce, version, where
+        self.engines = contextlib.nullcontext()
 
     def take(self, step: int, timer: StageTimer) -> Batch:
         return self.produce(step, timer, self.version)
 
     def settled(self, step: int) -> int:
-        """The last step every rank has finished when batch `step` starts: the one before it."""
+        """The one before it."""
         return step - 1
-
-    def held(self) -> list[Rollout]:
-        """The rollouts of batches made and not yet trained on: none."""
-        return []
 
     def push(self, step: int, push: Callable[[], None]) -> None:
         push()
         self.version = step
 
-    def metrics(self, step: int, rollouts: list[Rollout]) -> tuple[dict[str, float], dict[str, float]]:
-        return {}, {}
 
-    def close(self) -> None:
-        pass
-
-
-class AheadSchedule:
+class AheadSchedule(RolloutSchedule):
     """one_step_off / async: a producer thread keeps up to `staleness` batches ahead of the trainer."""
 
     def __init__(
@@ -110,8 +216,10 @@ class AheadSchedule:
         last_step: int,
         resume: bool = False,
         barrier: Callable[[], None] | None = None,
+        where: Where | None = None,
     ):
         self.produce, self.staleness, self.last, self.barrier = produce, staleness, last_step, barrier
+        self.where = where
         self.start = self.version = version  # the step whose weights the engines hold
         self.engines = threading.RLock()
         # in_flight: resume: a push does not wait for the batch in flight; the producer's rollout pool
@@ -241,7 +349,6 @@ class AheadSchedule:
         return sums, {**peaks, "async/wait_s": self.waited_s, "async/producer_busy_s": busy}
 
     def held(self) -> list[Rollout]:
-        """The rollouts of the batches made ahead and not yet trained on."""
         with self.changed:
             return [r for batch, _ in self.ready.values() for r in batch.rollouts]
 
@@ -271,6 +378,33 @@ class AheadSchedule:
             }
             self.next = max(self.ready, default=self.version) + 1
 
+    def stateful(self) -> dict:
+        return {"rollouts": self}  # the batches made ahead: saving them waits until the producer is idle
+
+    def batch_started(self) -> None:
+        """Partial placement: every rank has pushed the weights this batch is made with (the ranks' engines
+        serve each other)."""
+        if self.where.partial:
+            with self.released():
+                self.where.devices.barrier()
+
+    def load_weights(self) -> None:
+        if self.barrier is not None and self.where.engine_placement.owner != "rollout":
+            # partial, in flight resume: this device judges for the others while their requests may be in flight:
+            # its judges stay awake, and its rollout engines load these weights when the device next rolls out
+            # (EngineServices.catch_up)
+            self.where.engines.push_policy(load=False)
+            return
+        super().load_weights()
+
+    def before_evaluation(self) -> None:
+        """Partial: this device's engines serve the other ranks' producers, and evaluating switches it to
+        rollout (on a GPU its judges sleep). Once every producer has made the batches the current weights feed
+        (the ranks' batches end together, at a barrier), none has a request on any engine, and none starts one
+        before the next push."""
+        if self.where.partial:
+            self.quiesce()
+
     def close(self) -> None:
         with self.changed:
             self.stopping = True
@@ -279,15 +413,44 @@ class AheadSchedule:
             self.thread.join(timeout=60)
 
 
-def rollout_schedule(
-    cfg: ScheduleConfig, produce: Produce, version: int, last_step: int, barrier: Callable[[], None] | None = None
-):
-    """The schedule `rollout.schedule` asks for; `version`: the step whose weights the engines start with;
-    `barrier` (partial placement): over every rank's main thread, for pushes with requests in flight."""
-    if cfg.mode == "sync":
-        return SyncSchedule(produce, version)
-    staleness = 1 if cfg.mode == "one_step_off" else cfg.max_staleness
-    return AheadSchedule(produce, version, staleness, last_step, resume=cfg.in_flight == "resume", barrier=barrier)
+def build_schedule(
+    cfg: ExperimentConfig,
+    produce: Callable,
+    engines: EngineServices,
+    train: HookRole,
+    devices: World,
+    data: World,
+    group_world: World | None,
+) -> RolloutSchedule:
+    """The schedule `rollout.schedule` asks for, on its devices. `train`: what the trainer's side owns (its
+    offload/onload hooks); `devices`: every rank (engines, placement); `data`: the data-parallel view;
+    `group_world`: the ranks of this rank's model-parallel group (None: the rank holds the whole model);
+    `produce(step, timer)`: a step's rollouts, generation stats and dynamic sampling counts (`batches`).
+    The engines start with the weights of step 0."""
+    roles, sched, partial = engines.device_roles(), cfg.rollout.schedule, cfg.placement.mode == "partial"
+    splits = GenerationSchedule(cfg.placement, devices.size)
+    if sched.mode == "sync":  # one thread: the devices switch between the trainer and the engines' roles
+        placement = DeviceOwnership({"train": train, **roles}, "rollout")
+        group = GroupShare(group_world, devices, data)
+        where = Where(engines, placement, placement, group, devices, devices, splits)
+        return SyncSchedule(batches(produce, engines, engines.heal), 0, where)
+    # a producer thread generates on the engines' own devices, with its own process groups so that its
+    # collectives never interleave with the trainer's
+    engines.keep_pushed()  # a restarted engine gets the version its batch is generated with
+    own = model_parallel_world(devices, *cfg.trainer.model_parallel) if group_world else None
+    placement, engine_placement = DeviceOwnership({"train": train}, "train"), DeviceOwnership(roles, "rollout")
+    producers = own_group(devices) if partial else devices
+    where = Where(engines, placement, engine_placement, GroupShare(own, devices, data), devices, producers, splits)
+    resume = sched.in_flight == "resume"
+    # partial: every rank's producer uses every rank's engines, so a push with requests in flight is made by
+    # all ranks at once; a device that judges for the others keeps its rollout engines asleep meanwhile
+    barrier = data.barrier if resume and partial else None
+    staleness = 1 if sched.mode == "one_step_off" else sched.max_staleness
+    produce = batches(produce, engines, engines.heal_local)
+    schedule = AheadSchedule(produce, 0, staleness, cfg.run.steps, resume, barrier, where)
+    if resume:  # requests in flight at a push resume on the new weights
+        engines.preemption = schedule
+    return schedule
 
 
 def schedule_metrics(world: World, sums: dict[str, float], peaks: dict[str, float]) -> dict[str, float]:

@@ -25,8 +25,9 @@ class ShardState:
     def _stateful(self) -> dict:
         """The parts with their own state, by checkpoint key; a new stateful component adds its key here. The
         reference model is not one: it is frozen at model.path."""
-        # the producer's batches first: saving them waits until it is idle, so the stream and sampler are settled
-        ahead = {"rollouts": self.rollouts} if self.ahead else {}
+        # the schedule's batches first: saving them waits until its producer is idle, so the stream and sampler
+        # are settled
+        ahead = self.rollouts.stateful()
         parts = {"trainer": self.trainer, "train_stream": self.train_stream, "kl_control": self.algorithm.kl_control}
         optional = {"sampler": self.sampler, "critic": self.critic}
         return {**ahead, **parts, **{key: part for key, part in optional.items() if part is not None}}
@@ -49,7 +50,7 @@ class ShardState:
             encode = lambda rows: encode_prompts(rows, self.tokenizer, self.cfg.data.max_prompt_tokens)  # noqa: E731
             reload_images(self._restored_rollouts(), self.image_inputs, encode)
         self.last_step, self.samples_trained = state["progress"]["step"], state["progress"]["samples_trained"]
-        self._push_policy()
+        self.rollouts.load_weights()
         self.rollouts.version = self.last_step
         self.placement.take_metrics(), self.engine_placement.take_metrics()  # the load's timing is not a step's
         set_rng_state(state["rng"])
