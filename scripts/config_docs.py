@@ -93,6 +93,8 @@ def render_section(model: type[BaseModel], key: str, out: list[str], seen: dict[
     out += ["| key | type | default | description |", "|---|---|---|---|"]
     nested = []
     for name, field in model.model_fields.items():
+        if (field.json_schema_extra or {}).get("hidden"):  # a test's fault injection, not a user's setting
+            continue
         models = _models(field.annotation)
         out.append(
             f"| `{name}` | {_type_name(field.annotation)} | {_default(field)} | {_one_line(field.description)} |"

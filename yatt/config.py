@@ -448,6 +448,7 @@ class CheckpointConfig(Section):
         0.0,
         ge=0.0,
         description="Test-only fault injection: sleep this long after each file written, to widen the crash window.",
+        json_schema_extra={"hidden": True},  # kept out of docs/config.md
     )
 
 
