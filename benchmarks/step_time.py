@@ -47,8 +47,9 @@ from pathlib import Path
 from harness import add_worker_args, pyplot, rank_result, run_worker, shown, slug, table, vm_kib, write_results
 
 REPO = Path(__file__).resolve().parents[1]
-OFF = {"pack_sequences": False, "share_prompts": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
-PACKED = {"pack_sequences": True, "share_prompts": False, "logprob_chunk_tokens": 0, "micro_batch_tokens": 0}
+FULL_HEAD = {"torch": {"logprob_chunk_tokens": 0}}  # trainer.torch: the torch backend's own section
+OFF = {"pack_sequences": False, "share_prompts": False, "micro_batch_tokens": 0, **FULL_HEAD}
+PACKED = {"pack_sequences": True, "share_prompts": False, "micro_batch_tokens": 0, **FULL_HEAD}
 # the option variants keep one engine (with the KV cache the quickstart gave it), so they differ by trainer only
 VLLM = ["rollout.engine.backend=vllm", "rollout.engine.vllm.kv_cache_gib=0.5"]
 REFERENCE = "all off"  # every option off: the ratios' denominator and, on 100m, the float32 padded log-probs
@@ -74,12 +75,12 @@ TRAINER_100M = {
     "all off": (OFF, {"old_logprobs": "recompute"}),
     "+packed": (PACKED, {"old_logprobs": "recompute"}),
     "+shared prompts": (PACKED | {"share_prompts": True}, {"old_logprobs": "recompute"}),
-    "+chunked head": (OFF | {"logprob_chunk_tokens": 256}, {"old_logprobs": "recompute"}),
+    "+chunked head": (OFF | {"torch": {"logprob_chunk_tokens": 256}}, {"old_logprobs": "recompute"}),
     "+token budget": (PACKED | {"micro_batch_tokens": 2048}, {"old_logprobs": "recompute"}),
     "+reuse pass": (OFF, {"old_logprobs": "reuse"}),
     "all (defaults)": ({}, {}),
-    "all + act. ckpt": ({"activation_checkpointing": True}, {}),
-    "all + bf16 autocast": ({"autocast": "bfloat16"}, {}),
+    "all + act. ckpt": ({"torch": {"activation_checkpointing": True}}, {}),
+    "all + bf16 autocast": ({"torch": {"autocast": "bfloat16"}}, {}),
 }
 WARMUP_STEPS = 3  # quickstart: steps left out of the medians
 GROUP = 8  # 100m: samples per prompt, as the quickstart's and the SmolLM2 config's group_size

@@ -142,7 +142,7 @@ def _train_uneven(world: World, model_path: str) -> dict:
         range(7) if world.rank == 0 else range(7, 8),
         micro=2,
         pack_sequences=True,
-        logprob_chunk_tokens=3,
+        torch={"logprob_chunk_tokens": 3},
     )
 
 
@@ -191,7 +191,12 @@ def test_uneven_ranks_train_in_lockstep_like_one_process(two_ranks):
     8 rows on one rank computed the plain way (padded, repeated prompts, full logits)."""
     results, model = two_ranks
     single = _train_step(
-        World(0, 1, 0, torch.device("cpu")), str(model), range(8), micro=8, pack_sequences=False, logprob_chunk_tokens=0
+        World(0, 1, 0, torch.device("cpu")),
+        str(model),
+        range(8),
+        micro=8,
+        pack_sequences=False,
+        torch={"logprob_chunk_tokens": 0},
     )
     a, b = results[0]["lockstep"], results[1]["lockstep"]
     assert a["grad_norm"] == pytest.approx(single["grad_norm"], abs=1e-5)

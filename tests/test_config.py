@@ -149,8 +149,8 @@ def test_impossible_combinations(tmp_path, model_dir):
 
 
 def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
-    """trainer.megatron and rollout.engine.vllm are validated by their backend's class when it is selected,
-    and are errors naming it when it is not; null drops one (how an override switches the backend)."""
+    """trainer.torch, trainer.megatron and rollout.engine.vllm are validated by their backend's class when it is
+    selected, and are errors naming it when it is not; null drops one (how an override switches the backend)."""
     path = write_config(tmp_path, model_dir)
     cases = {
         (
@@ -161,6 +161,11 @@ def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
             "rollout.engine.vllm.kv_cache_gib=0.5",
         ): "rollout.engine: vllm is set but backend is hf; remove it (or set it to null) or set backend=vllm",
         ("trainer.backend=megatron", "trainer.megatron.tp=2"): "trainer.megatron.tp: unknown key",
+        (
+            "trainer.backend=megatron",
+            "trainer.torch.autocast=bfloat16",
+        ): "trainer: torch is set but backend is megatron",
+        ("trainer.activation_checkpointing=true",): "trainer.activation_checkpointing: unknown key",
         ("rollout.engine.vllm.kv_cache_gib=0",): "rollout.engine.vllm.kv_cache_gib: Input should be greater",
         ("rollout.engine.kv_cache_gib=0.5",): "rollout.engine.kv_cache_gib: unknown key",
     }
@@ -169,7 +174,7 @@ def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
             load_experiment(path, list(overrides))
         assert message in str(err.value), (overrides, str(err.value))
     default = load_experiment(path)
-    assert default.trainer.model_parallel == (1, 1) and default.trainer.backend_config is None
+    assert default.trainer.model_parallel == (1, 1) and default.trainer.backend_config.logprob_chunk_tokens == 256
     assert default.rollout.engine.backend_config.kv_cache_gib == 1.0  # vllm, the default engine: its defaults
     cfg = load_experiment(
         path,

@@ -19,12 +19,14 @@ from yatt.trainers.torch_trainer import TorchTrainer
 
 WORLD = World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
 VARIANTS = {  # name: trainer settings
-    "padded-full": dict(pack_sequences=False, logprob_chunk_tokens=0),
-    "packed-full": dict(pack_sequences=True, logprob_chunk_tokens=0),
-    "packed-unshared": dict(pack_sequences=True, share_prompts=False, logprob_chunk_tokens=0),
-    "padded-chunked": dict(pack_sequences=False, logprob_chunk_tokens=3),
-    "packed-chunked": dict(pack_sequences=True, logprob_chunk_tokens=3),
-    "packed-chunked-checkpointed": dict(pack_sequences=True, logprob_chunk_tokens=5, activation_checkpointing=True),
+    "padded-full": dict(pack_sequences=False, torch={"logprob_chunk_tokens": 0}),
+    "packed-full": dict(pack_sequences=True, torch={"logprob_chunk_tokens": 0}),
+    "packed-unshared": dict(pack_sequences=True, share_prompts=False, torch={"logprob_chunk_tokens": 0}),
+    "padded-chunked": dict(pack_sequences=False, torch={"logprob_chunk_tokens": 3}),
+    "packed-chunked": dict(pack_sequences=True, torch={"logprob_chunk_tokens": 3}),
+    "packed-chunked-checkpointed": dict(
+        pack_sequences=True, torch={"logprob_chunk_tokens": 5, "activation_checkpointing": True}
+    ),
 }
 
 
@@ -175,7 +177,7 @@ def test_a_token_budget_that_cuts_groups_does_not_change_the_update(tiny):
     results = []
     for settings in (
         dict(micro_batch_size=64, **VARIANTS["padded-full"]),
-        dict(micro_batch_size=64, micro_batch_tokens=9, pack_sequences=True, logprob_chunk_tokens=2),
+        dict(micro_batch_size=64, micro_batch_tokens=9, pack_sequences=True, torch={"logprob_chunk_tokens": 2}),
     ):
         torch.manual_seed(0)
         trainer = TorchTrainer(tiny, TrainerConfig(lr=1e-2, **settings), WORLD)
@@ -197,7 +199,7 @@ def test_bfloat16_autocast_stays_close_to_float32(tiny):
     rollout-vs-trainer mismatch metric in a run."""
     batch = ragged_batch()
     exact = TorchTrainer(tiny, TrainerConfig(), WORLD).logprobs(batch)[0]
-    fast = TorchTrainer(tiny, TrainerConfig(autocast="bfloat16"), WORLD).logprobs(batch)[0]
+    fast = TorchTrainer(tiny, TrainerConfig(torch={"autocast": "bfloat16"}), WORLD).logprobs(batch)[0]
     drift = float((fast - exact).abs().max())
     assert 0 < drift < 0.05
 

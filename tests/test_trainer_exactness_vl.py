@@ -19,10 +19,12 @@ from yatt.trainers.torch_trainer import TorchTrainer
 
 WORLD = World(rank=0, size=1, local_rank=0, device=torch.device("cpu"))
 VARIANTS = {  # name: trainer settings
-    "padded-full": dict(pack_sequences=False, logprob_chunk_tokens=0),
-    "packed-full": dict(pack_sequences=True, logprob_chunk_tokens=0),
-    "packed-unshared": dict(pack_sequences=True, share_prompts=False, logprob_chunk_tokens=0),
-    "packed-chunked-checkpointed": dict(pack_sequences=True, logprob_chunk_tokens=5, activation_checkpointing=True),
+    "padded-full": dict(pack_sequences=False, torch={"logprob_chunk_tokens": 0}),
+    "packed-full": dict(pack_sequences=True, torch={"logprob_chunk_tokens": 0}),
+    "packed-unshared": dict(pack_sequences=True, share_prompts=False, torch={"logprob_chunk_tokens": 0}),
+    "packed-chunked-checkpointed": dict(
+        pack_sequences=True, torch={"logprob_chunk_tokens": 5, "activation_checkpointing": True}
+    ),
 }
 
 

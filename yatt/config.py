@@ -314,8 +314,9 @@ class AlgorithmConfig(Section):
 
 class TrainerConfig(BackendChoice):
     """The training backend and the settings every backend reads; beside `backend` sits that backend's own
-    section, e.g. ``megatron: {tensor_parallel: 2}`` (`yatt.trainers.megatron_config`), an error when set for a
-    backend that is not selected."""
+    section, e.g. ``torch: {activation_checkpointing: true}`` (`yatt.trainers.torch_config`) or
+    ``megatron: {tensor_parallel: 2}`` (`yatt.trainers.megatron_config`), an error when set for a backend that is
+    not selected."""
 
     backends = TRAINERS
 
@@ -353,24 +354,6 @@ class TrainerConfig(BackendChoice):
         description="pack_sequences: consecutive samples of the same prompt (a GRPO "
         "group) run it through the model once per micro-batch, their responses attending "
         "to that one copy (exact; yatt.trainers.packing).",
-    )
-    logprob_chunk_tokens: int = Field(
-        256,
-        ge=0,
-        description="Run the output head over this many scored tokens at "
-        "a time (recomputed in backward), so full-vocabulary logits never exist; "
-        "0: all at once.",
-    )
-    activation_checkpointing: bool = Field(
-        False,
-        description="Recompute each decoder layer in backward instead of "
-        "keeping its activations: less memory, ~1/3 more compute.",
-    )
-    autocast: Literal["none", "bfloat16"] = Field(
-        "none",
-        description="Run forward/backward under bfloat16 autocast "
-        "(weights stay trainer.dtype); fast on GPUs and on CPUs with AVX-512 BF16, slow on other CPUs; "
-        "changes the numerics (the rollout-vs-trainer mismatch shows how much).",
     )
 
     @field_validator("backend")

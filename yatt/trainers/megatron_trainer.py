@@ -14,7 +14,7 @@ Micro-batches are built and fed as the torch backend's: with `pack_sequences` (a
 row of real tokens per micro-batch (yatt.trainers.packing.model_inputs), its attention kept per sample by
 `yatt.trainers.megatron_attention` (megatron's own packed attention needs Transformer Engine); without, right-
 padded rows. Pipeline stages exchange rows of any length (megatron's `variable_seq_lengths`).
-`logprob_chunk_tokens`, `activation_checkpointing` and `autocast` are torch-backend settings.
+The torch backend's own settings (`trainer.torch`) do not apply.
 
 head="value" (PPO's critic): the same decoder with `value_head` on the last stage in place of the output layer,
 a [1, H] linear replicated over TP (yatt.trainers.megatron_model, yatt.trainers.megatron_scoring). It starts

@@ -34,6 +34,7 @@ from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_bucket
 from yatt.trainers.lora import AdapterOff, Adapters
 from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer, image_slots
+from yatt.trainers.torch_config import TorchConfig
 
 HEADS = ("lm", "value")
 
@@ -83,6 +84,8 @@ class TorchTrainer:
     """
 
     replicated = True
+    # its own section, trainer.torch; a subclass plugged in by import path inherits it (or declares its own)
+    section, config = "torch", TorchConfig
 
     def __init__(
         self,
@@ -96,6 +99,9 @@ class TorchTrainer:
         lora: LoRAConfig | None = None,
     ):
         self.cfg, self.world, self.trainable, self.head = cfg, world, trainable, head
+        # trainer.torch (a subclass with a section of its own runs with the torch defaults)
+        own = cfg.backend_config if isinstance(cfg.backend_config, TorchConfig) else TorchConfig()
+        self.autocast = own.autocast == "bfloat16"
         self.vision = is_vision_model(model_path)
         self.packed = cfg.pack_sequences
         self.share_prompts = self.packed and cfg.share_prompts
@@ -108,7 +114,7 @@ class TorchTrainer:
         self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
         self.frozen = freeze_vision_tower(self.module) if self.vision and freeze_vision else set()
         self.lora = self._adapters(lora) if lora is not None and lora.enabled and trainable else None
-        self.scorer = TokenScorer(self.module, cfg.logprob_chunk_tokens) if head == "lm" else ValueScorer(self.module)
+        self.scorer = TokenScorer(self.module, own.logprob_chunk_tokens) if head == "lm" else ValueScorer(self.module)
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
@@ -116,7 +122,7 @@ class TorchTrainer:
             self.module.eval().requires_grad_(False)
             return
         self.module.train()
-        if cfg.activation_checkpointing:  # recompute each decoder layer in backward instead of storing it
+        if own.activation_checkpointing:  # recompute each decoder layer in backward instead of storing it
             self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if world.grouped:  # also a one-GPU torchrun run: its gradients then go through NCCL like any other
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
@@ -169,11 +175,7 @@ class TorchTrainer:
             inputs.kwargs["images"] = image_slots(
                 mb, inputs, self.module.config.image_token_id, next(self.module.parameters()).dtype
             )
-        autocast = (
-            torch.autocast(self.world.device.type, dtype=torch.bfloat16)
-            if self.cfg.autocast == "bfloat16"
-            else nullcontext()
-        )
+        autocast = torch.autocast(self.world.device.type, dtype=torch.bfloat16) if self.autocast else nullcontext()
         with autocast:
             logp, ent = model(inputs.kwargs, inputs.select, inputs.targets, mb.temperature, with_entropy)
 

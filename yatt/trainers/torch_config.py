@@ -1,0 +1,40 @@
+"""`trainer.backend: torch`: its own settings (`trainer.torch`), beside the settings every backend reads.
+
+Light on purpose (pydantic only): the config is checked without importing torch, which `TORCH` builds
+(`yatt.trainers.torch_trainer.TorchTrainer`) only when the run starts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from yatt.backends import Backend
+
+
+class TorchConfig(BaseModel):
+    """How the torch backend runs a forward and backward: memory against compute, and the numerics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    logprob_chunk_tokens: int = Field(
+        256,
+        ge=0,
+        description="Run the output head over this many scored tokens at a time (recomputed in backward), so "
+        "full-vocabulary logits never exist; 0: all at once.",
+    )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer in backward instead of keeping its activations: less memory, "
+        "~1/3 more compute.",
+    )
+    autocast: Literal["none", "bfloat16"] = Field(
+        "none",
+        description="Run forward/backward under bfloat16 autocast (weights stay trainer.dtype); fast on GPUs and on "
+        "CPUs with AVX-512 BF16, slow on other CPUs; changes the numerics (the rollout-vs-trainer mismatch shows "
+        "how much).",
+    )
+
+
+TORCH = Backend("yatt.trainers.torch_trainer:TorchTrainer", section="torch", config=TorchConfig, lora=True)
