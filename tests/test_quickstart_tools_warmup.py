@@ -3,13 +3,14 @@
 The warm-up (configs/sft_quickstart_tools.yaml) replays each row's model turns through the run's own loop, the
 `rollout.agent` section of configs/quickstart_tools.yaml, so a warm-up example holds the ids a rollout holds:
 the prompt as the run encodes it, the calculator's response as the loop writes it, masked like a rollout's. A
-short warm-up by the real SFT code, loaded from its folder as the run loads it, then calls the calculator with
-the prompt's own expression (the quickstart once shipped a warm-up whose calls miscopied every operand, so no
-sample was right and GRPO had nothing to learn from).
+warm-up by the real SFT code (fitted on a few rows in CI; the real one, ~5 minutes, in the slow suite), loaded from
+its folder as the run loads it, then calls the calculator with the prompt's own expression (the quickstart once
+shipped a warm-up whose calls miscopied every operand, so no sample was right and GRPO had nothing to learn from).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from yatt.agents import build_loop
 from yatt.agents.base import TokenizerCodec
 from yatt.config import load_experiment
 from yatt.config_loading import load_config
+from yatt.controllers.rollouts import group_rollouts, score_rollouts
 from yatt.data.jsonl import read_jsonl_shard
 from yatt.data.prepare import encode_prompts
 from yatt.data.sft import agent_example_ids
@@ -69,6 +71,46 @@ def test_a_warmup_row_holds_the_ids_a_rollout_of_the_run_holds(tmp_path, product
     assert "<tool_response>" not in trained and trained.count(str(eval(product))) == 1
 
 
+def run_conversations(folder: Path, rows) -> list[tuple[str, int, float]]:
+    """(response text, tool calls, the run's reward) of greedy conversations with the policy in `folder`, loaded as
+    the run loads it, through the run's own tool loop."""
+    run = load_experiment(RUN)
+    tokenizer = load_tokenizer(folder)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    prompts = encode_prompts(rows, tokenizer, run.data.max_prompt_tokens)
+    loop = build_loop(run.rollout.agent, TokenizerCodec(tokenizer))
+    trajectories = greedy_conversations(model, loop, prompts, run.rollout.max_new_tokens, tokenizer.eos_token_id)
+    rollouts = [group_rollouts(row, ids, None, [t], tokenizer)[0] for row, ids, t in zip(rows, prompts, trajectories)]
+    score_rollouts(rollouts)  # the run's reward: the last model turn, by the row's verifier
+    return [(tokenizer.decode(t.response_ids), t.tool_calls, r.reward) for t, r in zip(trajectories, rollouts)]
+
+
+def copies(row, text: str, calls: int) -> bool:
+    found = EXPRESSION.search(text)
+    return bool(found) and found.group(1) == row.prompt.removesuffix("=") and calls == 1
+
+
+def test_the_run_replays_what_a_fitted_warmup_learned(tmp_path, products):
+    """The warm-up's settings fitted on 16 calling rows (at a higher lr and smaller batches, which only changes
+    how soon: ~150 steps) until its own check, greedy conversations through the loop, gets them all right; the
+    run's loop then calls with each prompt's expression and ends with the product."""
+    calling = [json.loads(line) for line in (products / "sft.jsonl").read_text().splitlines() if "tool_call" in line]
+    fit, held = tmp_path / "fit.jsonl", tmp_path / "answers.jsonl"
+    fit.write_text("".join(json.dumps(r) + "\n" for r in calling[:16]))
+    answers = [{**r, "answer": r["answer"].rsplit("</s>", 1)[1]} for r in calling[:16]]  # the product, as eval rows
+    held.write_text("".join(json.dumps(r) + "\n" for r in answers))
+    out = tmp_path / "policy"
+    fixed = [f"sft_file={fit}", f"eval_file={held}", f"output_dir={out}", "stop_at_accuracy=1.0", "log_every=0"]
+    fast = ["lr=3e-3", "batch_size=16", "warmup_steps=0", "eval_every=25", "eval_often_every=25", "max_steps=400"]
+    cfg = load_config(SFTConfig, WARMUP, fixed + fast + ["stop_at_call_accuracy=1.0", "threads=1"])
+    summary = run_sft(cfg, log=lambda *a: None)
+    assert summary["stopped_by"] == "accuracy", summary
+    rows = read_jsonl_shard([held], 0, 1)
+    seen = run_conversations(out, rows)
+    assert sum(copies(row, text, calls) for row, (text, calls, _) in zip(rows, seen)) >= len(rows) - 1, seen
+    assert sum(reward >= 1.0 for *_, reward in seen) >= len(rows) - 1, seen
+
+
 @pytest.fixture(scope="module")
 def warmed_up(products, tmp_path_factory) -> tuple[Path, dict]:
     """The repository's warm-up, as `make quickstart-tools` runs it, on its own rows (the stop check is met after about
@@ -84,20 +126,13 @@ def warmed_up(products, tmp_path_factory) -> tuple[Path, dict]:
     return out, summary
 
 
+@pytest.mark.slow
 def test_the_warmup_calls_the_calculator_with_the_prompt_s_expression(warmed_up, products):
-    """What the run needs: the warm-up stopped by its check (not by max_steps), and the policy, loaded from its
-    folder as the run loads it and run through the run's loop, calls with the prompt's own expression."""
+    """What the run needs, from the real warm-up (slow: ~5 minutes): it stopped by its check (not by max_steps),
+    and the policy, loaded from its folder as the run loads it and run through the run's loop, calls with the
+    prompt's own expression on held-out prompts."""
     folder, summary = warmed_up
     assert summary["stopped_by"] == "accuracy", summary
-    run = load_experiment(RUN)
-    tokenizer = load_tokenizer(folder)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     rows = read_jsonl_shard([products / "eval.jsonl"], 0, 1)
-    prompts = encode_prompts(rows, tokenizer, run.data.max_prompt_tokens)
-    loop = build_loop(run.rollout.agent, TokenizerCodec(tokenizer))
-    trajectories = greedy_conversations(model, loop, prompts, run.rollout.max_new_tokens, tokenizer.eos_token_id)
-    copied = 0
-    for row, trajectory in zip(rows, trajectories):
-        found = EXPRESSION.search(tokenizer.decode(trajectory.response_ids))
-        copied += bool(found) and found.group(1) == row.prompt.removesuffix("=") and trajectory.tool_calls == 1
+    copied = sum(copies(row, text, calls) for row, (text, calls, _) in zip(rows, run_conversations(folder, rows)))
     assert copied >= 0.4 * len(rows), f"{copied} of {len(rows)} calls hold the prompt's expression"
