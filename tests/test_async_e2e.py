@@ -55,6 +55,7 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert set(wa) == set(wb) and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow  # k=0 is the sync run: the one_step_off test's exact resume covers the schedule in CI
 def test_async_with_max_staleness_0_is_the_sync_run(config):
     tmp, path = config
     sync = run(tmp, "sync", path)
@@ -150,6 +151,7 @@ run: {{name: r, steps: 4, eval_every: 2}}
     assert all(r["genrm/judged"] > 0 for r in steps)
 
 
+@pytest.mark.slow  # ~3 min; CI: partial rollouts (full placement) and partial placement ahead
 def test_partial_placement_with_partial_rollouts(tmp_path):
     """in_flight: resume with placement.mode=partial: both ranks' producers roll out on rank 0's engine while
     rank 1's judges them, and a push interrupts them mid-batch. The ranks push together once every producer has

@@ -7,11 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from e2e import env
 from megatron_ranks import needs_megatron
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = needs_megatron
+pytestmark = [needs_megatron, pytest.mark.slow]  # a benchmark at its smallest settings (~25 s)
 
 
 def test_tp2_holds_half_the_state_of_the_torch_backend(tmp_path):

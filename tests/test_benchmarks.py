@@ -99,6 +99,7 @@ def test_checkpoint_megatron(tmp_path):
         assert len(r[mode]["stall_s"]) == 2 and r[mode]["stall_mean_s"] > 0
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 @pytest.mark.engine
 def test_engines(tmp_path):
     run(
@@ -150,6 +151,7 @@ def test_wire(tmp_path):
     assert "under load: honest generate median" in out
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 def test_core_jitter(tmp_path):
     out = run(
         "core_jitter.py", "--chunks", "10", "--repeats", "2", "--out", str(tmp_path / "core_jitter"), cwd=tmp_path
@@ -161,6 +163,7 @@ def test_core_jitter(tmp_path):
     assert "lockstep / together, wall time" in out
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 @pytest.mark.engine
 def test_placement(tmp_path):
     run(
@@ -183,6 +186,7 @@ def test_placement(tmp_path):
     assert "| long_tail | partial/full |" in (tmp_path / "placement.md").read_text()
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 def test_step_time_trainer(tmp_path):
     """The 100m workload's trainer-only path, on a tiny model: the reference and one option, with the drift."""
     model = write_tiny_model(
@@ -218,6 +222,7 @@ def test_step_time_trainer(tmp_path):
     assert "| +packed |" in (tmp_path / "step_time.md").read_text()
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 @pytest.mark.engine
 @needs_megatron
 def test_step_time_rl_runs(tmp_path):
@@ -250,6 +255,7 @@ def test_step_time_rl_runs(tmp_path):
     assert "megatron TP=2 / all (defaults), median step time: **" in report
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 def test_vl_step(tmp_path):
     """The VL step's per-rank figures at a tiny size, this checkout's two paths (no baseline checkout here)."""
     args = ["--prompts", "4", "--image-size", "56", "--group-size", "2", "--response-tokens", "4", "--steps", "1"]
@@ -272,6 +278,7 @@ def test_committed_results_hold_no_machine_paths():
             assert prefix not in text, f"{path.name} records a machine path ({prefix}...)"
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 @pytest.mark.engine
 def test_async(tmp_path):
     """The rollout schedules on a tiny config: one rank and its engine per schedule, evaluations at equal samples."""

@@ -52,6 +52,7 @@ def test_gpu_check_e2e_passes(tmp_path):
     assert (report["trainer_backend"], report["dtype"]) == ("torch", "bfloat16")
 
 
+@pytest.mark.slow  # the composed check below runs the same script with more on
 @needs_megatron
 def test_gpu_check_megatron_passes(tmp_path):
     report = passing_report(tmp_path, "gpu_check_megatron")

@@ -139,6 +139,7 @@ def test_lora_composes(tmp_path, sync, extra):
         assert records(run_dir)[-1]["actor/kl_ref"] > 0
 
 
+@pytest.mark.slow  # a benchmark script at its smallest settings (20-120 s); the cheap ones run in CI
 def test_the_benchmark_runs(tmp_path):
     """benchmarks/lora.py at its smallest (hf engines, 2 steps; the numbers mean nothing at this size), its results
     holding no machine paths. (With the others in test_benchmarks.py's spirit; kept here with LoRA's tests.)"""

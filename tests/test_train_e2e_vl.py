@@ -17,7 +17,11 @@ from yatt.quickstart.shapes import write_shapes_files
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module", params=["vllm", "hf", "hf-balanced", "hf-megatron"])
+@pytest.fixture(
+    scope="module",
+    # hf alone: the balanced and megatron runs use the same engine (slow suite only)
+    params=["vllm", pytest.param("hf", marks=pytest.mark.slow), "hf-balanced", "hf-megatron"],
+)
 def run(request, tmp_path_factory):
     backend, balanced = request.param.split("-")[0], request.param.endswith("balanced")
     megatron = request.param.endswith("megatron")
