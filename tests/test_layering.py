@@ -80,3 +80,60 @@ def test_checker_sees_lazy_imports(tmp_path, monkeypatch):
 
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+def module_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """yatt module -> the yatt modules it imports (lazy imports count; `if TYPE_CHECKING:` ones are types only)."""
+    mods = {}
+    for path in package.rglob("*.py"):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in mods.items():
+        tree, deps = ast.parse(path.read_text()), set()
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v) :]
+            del stack[stack.index(v) :]
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """An import circle makes the order modules load in matter and the layers meaningless."""
+    assert cycles(module_graph()) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the checker sees one
