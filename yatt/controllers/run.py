@@ -120,7 +120,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     shard = ControllerShard(cfg, world, parts, data, data_world=data_world, group_world=group)
     if found:
         checkpoints.load(found[0], shard)
-    trained = [float(shard.samples_trained), 0.0]  # this rank's samples: since the run began, since this launch
+    trained_before = trained = shard.samples_trained  # this rank's, since the run began (a resume restores it)
     latest: list = []  # the last step's rollouts
     sinks = open_sinks(cfg.run, cfg.model_dump(mode="json")) if world.is_main else []
     resumed = (start_step, history[-1]["elapsed_s"] if history else 0.0)
@@ -155,7 +155,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
                 gc.collect()
             result = shard.step(step)
             metrics, latest = result.metrics, result.rollouts
-            trained = [float(result.samples_trained), trained[1] + result.samples_trained - trained[0]]
+            trained = result.samples_trained
             metrics["time/step_s"] = time.perf_counter() - step_start
             # peak resident memory of a controller+trainer process (engines are separate processes)
             metrics["perf/peak_rss_gib"] = world.max([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20])[0]
@@ -179,7 +179,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
         checkpoints.finish()
         train_seconds = time.perf_counter() - train_start
         # ranks may train different counts (dynamic sampling, rebalancing)
-        samples, since_start = data_world.sum(trained)
+        samples, since_start = data_world.sum([float(trained), float(trained - trained_before)])
         summary = {
             "steps": cfg.run.steps,
             "world_size": world.size,

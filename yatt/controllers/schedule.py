@@ -29,6 +29,7 @@ new weights, before any producer resumes.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import threading
 import time
@@ -104,7 +105,7 @@ class Where:
         return self.splits.split is not None
 
 
-class RolloutSchedule:
+class RolloutSchedule(abc.ABC):
     """What the shard asks of `rollout.schedule`, whichever it is; sync is the trivial case.
 
     `take` a step's batch, made by `produce` (on the caller's thread, or ahead on a producer thread); `push` the
@@ -115,15 +116,17 @@ class RolloutSchedule:
     engines: contextlib.AbstractContextManager  # held around every use of the engines
     version: int  # the step whose weights the engines hold
 
+    @abc.abstractmethod
     def take(self, step: int, timer: StageTimer) -> Batch:
-        raise NotImplementedError
+        """Step `step`'s batch (its generate/reward seconds go to `timer`)."""
 
+    @abc.abstractmethod
     def settled(self, step: int) -> int:
         """The last step every rank has finished when batch `step` starts."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def push(self, step: int, push: Callable[[], None]) -> None:
-        raise NotImplementedError
+        """Run `push` (step `step`'s weights to the engines) when the schedule lets the engines go."""
 
     def released(self) -> contextlib.AbstractContextManager:
         """Around a wait on other ranks on the producer's side: lets go of the engines meanwhile where needed."""
@@ -142,11 +145,12 @@ class RolloutSchedule:
         return {}
 
     def close(self) -> None:
-        pass
+        return  # sync: no producer to stop
 
     # ---- on the devices of `where` ---------------------------------------------------------------
     def batch_started(self) -> None:
         """On the producer's side, before a batch's first request."""
+        return  # sync: the batch is made with the weights this rank just pushed
 
     def batch_made(self, timer: StageTimer) -> None:
         """Partial placement: a device keeps serving the others until every controller's batch is made."""
@@ -165,6 +169,7 @@ class RolloutSchedule:
 
     def before_evaluation(self) -> None:
         """Before the held-out evaluation uses the engines."""
+        return  # sync: no request of this rank's is in flight between steps
 
     def split(self, step: int) -> GenerationSplit | None:
         """The generation split batch `step` is made with (None: full placement), the same on every rank."""

@@ -180,10 +180,8 @@ class ControllerShard(ShardState):
             prompts = dict(rows=rows, prompt_ids=prompt_ids, images=images, tokenizer=self.tokenizer)
             where = (self.engines, self.engine_placement, self.rollouts.split(step), self.devices.rank, self.judges)
             tags = dict(step=step, round_=round_, run_seed=cfg.run.seed, first_group=share.start)  # judge seeds
-            agent = self.agent
-            rollouts, stats = generate_placed(
-                *where, seeds=seeds, sampling=self.sampling, agent=agent, **tags, **prompts
-            )
+            sampling, agent = self.sampling, self.agent
+            rollouts, stats = generate_placed(*where, seeds=seeds, sampling=sampling, agent=agent, **tags, **prompts)
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
                 with self.engine_placement.own("rollout"):
                     pool = self.engines.pool(ROLLOUT, [self.devices.rank])
