@@ -42,10 +42,13 @@ quickstart-vl-genrm: setup
 	test -d models/quickstart-vl-judge || $(PY) -m yatt.quickstart.shapes_judge --data data/shapes --out models/quickstart-vl-judge
 	$(PY) launch/train.py --nproc 2 --config configs/quickstart_vl_genrm.yaml --placement $(PLACEMENT)
 
-# The tool quickstart: writes the 4-digit x 2-digit products once, SFTs the tiny policy to call the calculator on
-# part of them once (launch/sft.py skips an existing folder), then GRPO over tool conversations on 2 ranks.
-quickstart-tools: setup
-	test -f data/products/train.jsonl || $(PY) -m yatt.quickstart.products --out data/products
+# The tool quickstart: writes the 4-digit x 2-digit products (again when their code changed), SFTs the tiny
+# policy to call the calculator on part of them once (launch/sft.py skips a folder trained from the same config),
+# then GRPO over tool conversations on 2 ranks.
+data/products/train.jsonl: yatt/quickstart/products.py
+	$(PY) -m yatt.quickstart.products --out data/products
+
+quickstart-tools: setup data/products/train.jsonl
 	$(PY) launch/sft.py --config configs/sft_quickstart_tools.yaml
 	$(PY) launch/train.py --nproc 2 --config configs/quickstart_tools.yaml --placement full
 

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from yatt.config_loading import ConfigError, load_config  # noqa: E402
 from yatt.data.errors import DataError  # noqa: E402
-from yatt.quickstart.sft import SFTConfig, run_sft  # noqa: E402
+from yatt.quickstart.sft import SFTConfig, changed_fields, run_sft  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -29,6 +29,14 @@ def main(argv=None) -> int:
         print(err, file=sys.stderr)
         return 2
     if cfg.output_dir.exists() and not args.force:
+        changed = changed_fields(cfg, cfg.output_dir)
+        if changed:  # e.g. a folder from an older checkout: running on from it would be a different experiment
+            print(
+                f"error: {cfg.output_dir} was trained from another config (it differs in {', '.join(changed)}); "
+                "remove it, or pass --force, to train it again",
+                file=sys.stderr,
+            )
+            return 2
         print(f"sft: {cfg.output_dir} already exists; skipping (pass --force to train again)")
         return 0
     torch.set_num_threads(cfg.threads)

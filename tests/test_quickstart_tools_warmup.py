@@ -6,6 +6,8 @@ the prompt as the run encodes it, the calculator's response as the loop writes i
 warm-up by the real SFT code (fitted on a few rows in CI; the real one, ~5 minutes, in the slow suite), loaded from
 its folder as the run loads it, then calls the calculator with the prompt's own expression (the quickstart once
 shipped a warm-up whose calls miscopied every operand, so no sample was right and GRPO had nothing to learn from).
+The real warm-up's greedy policy guesses on every prompt while its samples at the run's temperature call on ~40%,
+mostly right: the reward the run's first groups learn from.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from yatt.data.sft import agent_example_ids
 from yatt.models.tiny import build_char_tokenizer
 from yatt.models.tokenizer import load_tokenizer
 from yatt.quickstart.products import write_products_files
-from yatt.quickstart.sft import SFTConfig, greedy_conversations, run_sft
+from yatt.quickstart.sft import Sampling, SFTConfig, greedy_conversations, run_sft
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "configs/quickstart_tools.yaml"
@@ -71,15 +73,16 @@ def test_a_warmup_row_holds_the_ids_a_rollout_of_the_run_holds(tmp_path, product
     assert "<tool_response>" not in trained and trained.count(str(eval(product))) == 1
 
 
-def run_conversations(folder: Path, rows) -> list[tuple[str, int, float]]:
-    """(response text, tool calls, the run's reward) of greedy conversations with the policy in `folder`, loaded as
-    the run loads it, through the run's own tool loop."""
+def run_conversations(folder: Path, rows, sampling: Sampling | None = None) -> list[tuple[str, int, float]]:
+    """(response text, tool calls, the run's reward) of greedy (or sampled) conversations with the policy in
+    `folder`, loaded as the run loads it, through the run's own tool loop."""
     run = load_experiment(RUN)
     tokenizer = load_tokenizer(folder)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     prompts = encode_prompts(rows, tokenizer, run.data.max_prompt_tokens)
     loop = build_loop(run.rollout.agent, TokenizerCodec(tokenizer))
-    trajectories = greedy_conversations(model, loop, prompts, run.rollout.max_new_tokens, tokenizer.eos_token_id)
+    eos = tokenizer.eos_token_id
+    trajectories = greedy_conversations(model, loop, prompts, run.rollout.max_new_tokens, eos, sampling)
     rollouts = [group_rollouts(row, ids, None, [t], tokenizer)[0] for row, ids, t in zip(rows, prompts, trajectories)]
     score_rollouts(rollouts)  # the run's reward: the last model turn, by the row's verifier
     return [(tokenizer.decode(t.response_ids), t.tool_calls, r.reward) for t, r in zip(trajectories, rollouts)]
@@ -102,6 +105,7 @@ def test_the_run_replays_what_a_fitted_warmup_learned(tmp_path, products):
     out = tmp_path / "policy"
     fixed = [f"sft_file={fit}", f"eval_file={held}", f"output_dir={out}", "stop_at_accuracy=1.0", "log_every=0"]
     fast = ["lr=3e-3", "batch_size=16", "warmup_steps=0", "eval_every=25", "eval_often_every=25", "max_steps=400"]
+    fast += ["eval_temperature=0"]  # greedy: the fitted rows all call
     cfg = load_config(SFTConfig, WARMUP, fixed + fast + ["stop_at_call_accuracy=1.0", "threads=1"])
     summary = run_sft(cfg, log=lambda *a: None)
     assert summary["stopped_by"] == "accuracy", summary
@@ -114,7 +118,7 @@ def test_the_run_replays_what_a_fitted_warmup_learned(tmp_path, products):
 @pytest.fixture(scope="module")
 def warmed_up(products, tmp_path_factory) -> tuple[Path, dict]:
     """The repository's warm-up, as `make quickstart-tools` runs it, on its own rows (the stop check is met after about
-    270 steps, ~4.5 minutes on 2 cores); only the stop check's and the final evaluation's rows are fewer."""
+    300 steps, ~2.5 minutes on 2 cores); only the stop check's and the final evaluation's rows are fewer."""
     out = tmp_path_factory.mktemp("tools_policy") / "policy"
     overrides = [f"sft_file={products / 'sft.jsonl'}", f"eval_file={products / 'eval.jsonl'}", f"output_dir={out}"]
     cfg = load_config(SFTConfig, WARMUP, overrides + ["eval_examples=64", "final_eval_examples=64"])
@@ -128,11 +132,17 @@ def warmed_up(products, tmp_path_factory) -> tuple[Path, dict]:
 
 @pytest.mark.slow
 def test_the_warmup_calls_the_calculator_with_the_prompt_s_expression(warmed_up, products):
-    """What the run needs, from the real warm-up (slow: ~5 minutes): it stopped by its check (not by max_steps),
-    and the policy, loaded from its folder as the run loads it and run through the run's loop, calls with the
-    prompt's own expression on held-out prompts."""
+    """What the run needs, from the real warm-up (slow: ~3 minutes): it stopped by its check (not by max_steps),
+    and the policy, loaded from its folder as the run loads it and run through the run's loop, guesses when decoded
+    greedily (the run's evaluation starts near 0) while at the run's temperature a share of its samples call with
+    the prompt's own expression and are rewarded (what GRPO's first groups learn from)."""
     folder, summary = warmed_up
     assert summary["stopped_by"] == "accuracy", summary
     rows = read_jsonl_shard([products / "eval.jsonl"], 0, 1)
-    copied = sum(copies(row, text, calls) for row, (text, calls, _) in zip(rows, run_conversations(folder, rows)))
-    assert copied >= 0.4 * len(rows), f"{copied} of {len(rows)} calls hold the prompt's expression"
+    greedy = run_conversations(folder, rows)
+    assert sum(calls for _, calls, _ in greedy) <= 0.1 * len(rows), greedy
+    run = load_experiment(RUN)
+    sampled = run_conversations(folder, rows, Sampling(run.rollout.temperature, seed=1))
+    copied = sum(copies(row, text, calls) for row, (text, calls, _) in zip(rows, sampled))
+    assert copied >= 0.15 * len(rows), f"{copied} of {len(rows)} sampled calls hold the prompt's expression"
+    assert sum(reward >= 1.0 for *_, reward in sampled) >= 0.1 * len(rows), sampled

@@ -96,3 +96,24 @@ def test_unknown_config_key_names_key_and_file(tmp_path):
     )
     assert result.returncode == 2
     assert "learning_rate" in result.stderr and "model.hidden" in result.stderr and str(path) in result.stderr
+
+
+def test_an_existing_folder_is_kept_only_when_its_config_is_this_one(tmp_path, capsys):
+    """launch/sft.py skips a folder trained from the same config, and refuses, naming the fields, one trained from
+    another (an older checkout's warm-up would otherwise start a run from the wrong policy)."""
+    import importlib.util
+
+    from yatt.config_loading import dump_config
+
+    spec = importlib.util.spec_from_file_location("launch_sft", REPO / "launch" / "sft.py")
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+    config = tmp_path / "sft.yaml"
+    config.write_text(f"sft_file: a.jsonl\neval_file: b.jsonl\noutput_dir: {tmp_path / 'out'}\nlr: 0.001\n")
+    (tmp_path / "out").mkdir()
+    dump_config(load_config(SFTConfig, config), tmp_path / "out" / "sft_config.yaml")
+    assert launch.main(["--config", str(config)]) == 0
+    assert "already exists; skipping" in capsys.readouterr().out
+    assert launch.main(["--config", str(config), "lr=0.002", "seed=3"]) == 2
+    err = capsys.readouterr().err
+    assert "trained from another config" in err and "lr, seed" in err and "--force" in err

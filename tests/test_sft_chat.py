@@ -99,7 +99,7 @@ def test_stop_check_goes_through_the_rows_verifier(tmp_path, monkeypatch, chat_m
     tok, model = AutoTokenizer.from_pretrained(chat_model), AutoModelForCausalLM.from_pretrained(chat_model)
     # every response is "it is 3": right for the last_number verifier, wrong for exact_match
     reply = tok("it is 3", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    monkeypatch.setattr(sft_module, "greedy_decode", lambda m, p, n, e: torch.tensor([reply] * p.shape[0]))
+    monkeypatch.setattr(sft_module, "greedy_decode", lambda m, p, n, e, s=None: torch.tensor([reply] * p.shape[0]))
     for source, expected in (("last_number", 1.0), ("exact_match", 0.0)):
         path = tmp_path / f"{source}.jsonl"
         path.write_text(

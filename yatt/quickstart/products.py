@@ -1,15 +1,18 @@
 """4-digit x 2-digit products, the tool quickstart's task: a tiny policy cannot multiply, the calculator can.
 
-Rows are yatt JSONL prompt rows (``{"prompt": "1234*56=", "answer": "69104", "data_source": "exact_match"}``);
-the reward reads the last model turn (yatt.agents: `final_text`). `write_products_files` writes:
-- ``sft.jsonl``: the warm-up (`configs/sft_quickstart_tools.yaml`). A fraction `call_fraction` of its rows
+Rows are yatt JSONL prompt rows (``{"prompt": "1234*56=", "answer": "69104", "data_source": "last_number"}``);
+the reward reads the last number of the last model turn (yatt.agents: `final_text`). `write_products_files`
+writes:
+- ``sft.jsonl``: the warm-up (`configs/sft_quickstart_tools.yaml`). A fraction `call_fraction` (0.4) of its rows
   call the calculator (named ``c``): their answer is the model's two turns, the call and the product copied from
   the tool's response, each ended by the end-of-sequence token; the warm-up replays them through the run's
-  `tool_loop`, which runs the calculator and writes its response turn. The other rows answer directly, which a
-  model this size gets mostly wrong. The policy so learns the call format but calls on only part of the
-  prompts: GRPO with the tool loop then raises how often it calls, and with it the accuracy. The fraction is
-  0.4: with half the rows calling, greedy decoding called on every prompt (a call's first token outweighs any one
-  first digit of a direct answer), so the held-out accuracy had no calls left to gain.
+  `tool_loop`, which runs the calculator and writes its response turn. The other rows guess: ``guess:69104``,
+  which a model this size gets wrong. Every guess starts with the same token, so the warm-up learns to call with
+  probability ~0.4 on any prompt and to guess with ~0.6: greedy decoding always guesses (held-out accuracy ~0),
+  while the run's samples at temperature 1 call on ~40% of them, right when the operands are copied. GRPO then
+  raises how often it calls until greedy decoding calls too. (With the guesses as bare digits, the call's first
+  token competed with the product's first digit, whose confidence differs from machine to machine: the
+  greedy policy called on 67% of the prompts on one machine and 96% on another, and the run's gain with it.)
 - ``train.jsonl`` (RL prompts) and ``eval.jsonl`` (held out); no (a, b) pair is in two files.
 
     python -m yatt.quickstart.products --out data/products [--seed 0]
@@ -25,6 +28,7 @@ from pathlib import Path
 from yatt.models.tiny import EOS
 from yatt.quickstart.addition import write_jsonl
 
+GUESS = "guess:"  # a direct answer's first tokens: one first token for every direct answer (see the docstring)
 TOOL = "c"  # the calculator's name in configs/quickstart_tools.yaml (short: every character is a token)
 DEFAULT_SIZES = {"sft": 20000, "train": 20000, "eval": 500}
 # the tiny tokenizer's specials: the chat turns the tool loop writes (one id each)
@@ -38,15 +42,14 @@ def tool_call_text(a: int, b: int) -> str:
 
 
 def product_row(a: int, b: int) -> dict:
-    return {"prompt": f"{a}*{b}=", "answer": str(a * b), "data_source": "exact_match"}
+    return {"prompt": f"{a}*{b}=", "answer": str(a * b), "data_source": "last_number"}
 
 
 def sft_row(a: int, b: int, call: bool) -> dict:
     """A warm-up row: the model's turns (the call, ended by the end-of-sequence token, then the answer), or a
     direct answer."""
     row = product_row(a, b)
-    if call:
-        row["answer"] = f"{tool_call_text(a, b)}{EOS}{a * b}"
+    row["answer"] = f"{tool_call_text(a, b)}{EOS}{a * b}" if call else f"{GUESS}{a * b}"
     return row
 
 

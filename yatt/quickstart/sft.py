@@ -4,13 +4,14 @@ The model is a fresh tiny Qwen2 with a character tokenizer (the quickstart's sta
 any Hugging Face causal LM folder (`init_from`). Rows are yatt JSONL rows (yatt.data.jsonl): `prompt` +
 `answer` (loss on the answer and end-of-sequence tokens) or `messages` (loss on the assistant turns only,
 through the tokenizer's chat template; yatt.data.sft). Training stops at the first evaluation whose greedy
-accuracy reaches `stop_at_accuracy`; a response is right when the verifier its row's `data_source` names
-(the same registry RL rewards use, yatt.rewards.rules) gives it a full score.
+(or, with `eval_temperature`, sampled) accuracy reaches `stop_at_accuracy`; a response is right when the
+verifier its row's `data_source` names (the same registry RL rewards use, yatt.rewards.rules) gives it a full
+score.
 
 With `agent` (the run's `rollout.agent` section) the rows are conversations: each row's model turns are replayed
 through the run's own agent loop (yatt.data.sft.agent_example_ids), so the warm-up sees exactly the ids a rollout
-of the run holds, and the stop check is the run's: greedy conversations through the same loop, tools called,
-the last model turn scored (`greedy_conversations`).
+of the run holds, and the stop check is the run's: conversations through the same loop (greedy, or sampled at
+the run's temperature), tools called, the last model turn scored (`greedy_conversations`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import AutoModelForCausalLM
 
@@ -81,6 +83,13 @@ class SFTConfig(BaseModel):
     stop_at_accuracy: float = Field(
         0.45, gt=0, le=1, description="Stop at the first evaluation with at least this accuracy."
     )
+    eval_temperature: float = Field(
+        0.0,
+        ge=0,
+        description="Temperature of the stop check's decoding (0: greedy). The run's rollout.temperature measures "
+        "what RL will sample: a tool warm-up whose greedy policy answers directly but whose samples call must "
+        "stop when enough samples are right, or GRPO has no reward to learn from.",
+    )
     stop_at_call_accuracy: float | None = Field(
         None,
         gt=0,
@@ -127,14 +136,29 @@ class SFTConfig(BaseModel):
         return self
 
 
+class Sampling:
+    """Sampled decoding for an evaluation at the run's temperature, from a seeded generator (so a warm-up's stop
+    check is the same on a rerun)."""
+
+    def __init__(self, temperature: float, seed: int):
+        self.temperature, self.generator = temperature, torch.Generator().manual_seed(seed)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits.float() / self.temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator)[:, 0]
+
+
 @torch.inference_mode()
-def greedy_decode(model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int) -> torch.Tensor:
-    """Batched greedy decoding with a KV cache for prompts of equal length (no padding needed)."""
+def greedy_decode(
+    model, prompt_ids: torch.Tensor, max_new_tokens: int, eos_id: int, sampling: Sampling | None = None
+) -> torch.Tensor:
+    """Batched decoding with a KV cache for prompts of equal length (no padding needed): greedy, or sampled at
+    `sampling`'s temperature from its generator."""
     out = model(input_ids=prompt_ids, use_cache=True)
     cache, generated = out.past_key_values, []
     done = torch.zeros(prompt_ids.shape[0], dtype=torch.bool)
     for _ in range(max_new_tokens):
-        token = out.logits[:, -1].argmax(-1)
+        token = sampling.pick(out.logits[:, -1]) if sampling else out.logits[:, -1].argmax(-1)
         generated.append(token)
         done |= token == eos_id
         if done.all():
@@ -148,16 +172,18 @@ def cut_at_eos(tokens: list[int], eos_id: int) -> list[int]:
     return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
-def greedy_turns(model, histories: list[list[int]], max_tokens: list[int], eos_id: int) -> list[list[int]]:
-    """One greedy model turn per history (a batch per history length), each cut after its end-of-sequence token
-    or at its own max_tokens."""
+def greedy_turns(
+    model, histories: list[list[int]], max_tokens: list[int], eos_id: int, sampling: Sampling | None = None
+) -> list[list[int]]:
+    """One model turn per history (greedy, or sampled with `sampling`; a batch per history length), each cut
+    after its end-of-sequence token or at its own max_tokens."""
     by_length: dict[int, list[int]] = {}
     for i, history in enumerate(histories):
         by_length.setdefault(len(history), []).append(i)
     turns: list[list[int]] = [[] for _ in histories]
     for group in by_length.values():
         prompt_ids = torch.tensor([histories[i] for i in group])
-        out = greedy_decode(model, prompt_ids, max(max_tokens[i] for i in group), eos_id).tolist()
+        out = greedy_decode(model, prompt_ids, max(max_tokens[i] for i in group), eos_id, sampling).tolist()
         for i, tokens in zip(group, out):
             tokens = tokens[: max_tokens[i]]
             turns[i] = tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
@@ -165,11 +191,11 @@ def greedy_turns(model, histories: list[list[int]], max_tokens: list[int], eos_i
 
 
 def greedy_conversations(
-    model, loop: AgentLoop, prompts: list[list[int]], max_new_tokens: int, eos_id: int
+    model, loop: AgentLoop, prompts: list[list[int]], max_new_tokens: int, eos_id: int, sampling: Sampling | None = None
 ) -> list[Trajectory]:
-    """`loop`'s greedy conversation from every prompt. Each runs in its own thread (a loop is plain sequential
-    code that calls `generate`); whenever every live conversation waits on a turn, those turns are decoded
-    together in this thread (`greedy_turns`), so the model is only ever called here."""
+    """`loop`'s greedy (or, with `sampling`, sampled) conversation from every prompt. Each runs in its own thread
+    (a loop is plain sequential code that calls `generate`); whenever every live conversation waits on a turn,
+    those turns are decoded together in this thread (`greedy_turns`), so the model is only ever called here."""
     cond = threading.Condition()
     waiting: dict[int, tuple[list[int], int]] = {}
     answers: dict[int, list[int]] = {}
@@ -208,7 +234,7 @@ def greedy_conversations(
             batch = dict(waiting)
             waiting.clear()
         keys = list(batch)
-        turns = greedy_turns(model, [batch[k][0] for k in keys], [batch[k][1] for k in keys], eos_id)
+        turns = greedy_turns(model, [batch[k][0] for k in keys], [batch[k][1] for k in keys], eos_id, sampling)
         with cond:
             answers.update(zip(keys, turns))
             cond.notify_all()
@@ -227,9 +253,10 @@ def evaluate(
     batch_size: int = 500,
     log=None,
     loop: AgentLoop | None = None,
+    sampling: Sampling | None = None,
 ) -> dict[str, float]:
-    """Greedy `accuracy` on `rows`: the fraction whose response (with `loop`: the last model turn of the greedy
-    conversation) gets a full score from the row's verifier. With `loop` also `calls`, the fraction of
+    """Greedy (with `sampling`: sampled) `accuracy` on `rows`: the fraction whose response (with `loop`: the last
+    model turn of the conversation) gets a full score from the row's verifier. With `loop` also `calls`, the fraction of
     conversations that called a tool, and `call_accuracy`, the accuracy of those (0 if none did). Rows are
     grouped by prompt length so no padding is needed; `log` gets a progress line every ~10 s."""
     was_training = model.training
@@ -238,7 +265,7 @@ def evaluate(
     if loop is not None:
         start = time.perf_counter()
         trajectories = greedy_conversations(
-            model, loop, [ids for ids, _ in prompts], max_new_tokens, tokenizer.eos_token_id
+            model, loop, [ids for ids, _ in prompts], max_new_tokens, tokenizer.eos_token_id, sampling
         )
         model.train(was_training)
         right = [score(t.final_text, row) >= 1.0 for t, (_, row) in zip(trajectories, prompts)]
@@ -263,7 +290,7 @@ def evaluate(
         for first in range(0, len(group), batch_size):
             chunk = group[first : first + batch_size]
             prompt_ids = torch.tensor([ids for ids, _ in chunk])
-            responses = greedy_decode(model, prompt_ids, max_new_tokens, tokenizer.eos_token_id).tolist()
+            responses = greedy_decode(model, prompt_ids, max_new_tokens, tokenizer.eos_token_id, sampling).tolist()
             for resp, (_, row) in zip(responses, chunk):
                 text = tokenizer.decode(cut_at_eos(resp, tokenizer.eos_token_id), skip_special_tokens=True)
                 correct += score(text, row) >= 1.0
@@ -304,6 +331,16 @@ def write_folder_atomically(output_dir: Path, write) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def changed_fields(cfg: SFTConfig, folder: Path) -> list[str]:
+    """The fields of `cfg` that differ from the config `folder` was trained from (its sft_config.yaml; none when
+    it has none: a folder not written by this code)."""
+    saved = Path(folder) / "sft_config.yaml"
+    if not saved.is_file():
+        return []
+    before, now = yaml.safe_load(saved.read_text()) or {}, cfg.model_dump(mode="json")
+    return [key for key in now if before.get(key) != now[key]]
 
 
 def run_sft(cfg: SFTConfig, log=print) -> dict:
@@ -367,7 +404,8 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
             )
 
         if step == next_eval or step == cfg.max_steps:
-            result = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens, log=log, loop=loop)
+            sampling = Sampling(cfg.eval_temperature, cfg.seed) if cfg.eval_temperature else None
+            result = evaluate(model, tokenizer, stop_rows, cfg.max_new_tokens, log=log, loop=loop, sampling=sampling)
             accuracy = result["accuracy"]
             elapsed = time.perf_counter() - start
             mean_loss = sum(window) / len(window)
@@ -382,7 +420,11 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
 
     train_seconds = time.perf_counter() - start
     final_rows = eval_rows[: cfg.final_eval_examples] if cfg.final_eval_examples else eval_rows
-    final = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens, log=log, loop=loop)
+    sampling = Sampling(cfg.eval_temperature, cfg.seed) if cfg.eval_temperature else None
+    final = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens, log=log, loop=loop, sampling=sampling)
+    if sampling:  # the run's own evaluation is greedy
+        greedy = evaluate(model, tokenizer, final_rows, cfg.max_new_tokens, log=log, loop=loop)
+        final.update({f"greedy_{k}": v for k, v in greedy.items()})
     final_accuracy = final["accuracy"]
     summary = {
         "steps": step,
