@@ -28,6 +28,7 @@ import torch
 from yatt.checkpoint.checkpointer import Checkpointer
 from yatt.checkpoint.export import policy_writer
 from yatt.config import load_experiment
+from yatt.controllers.fingerprint import config_fingerprint
 from yatt.distributed import init_world
 from yatt.models.tiny import write_tiny_model
 
@@ -79,7 +80,8 @@ def run(args: argparse.Namespace, random_qwen2, train_step) -> int:
             REPO / "configs/quickstart.yaml",
             [*base, f"run.output_dir={work}", root, f"checkpoint.export_hf={mode != MODES[0]}"],
         )
-        checkpoints[mode] = Checkpointer(cfg, world)
+        fingerprint = config_fingerprint(cfg, world.size)
+        checkpoints[mode] = Checkpointer(cfg.checkpoint, cfg.run.run_dir, fingerprint, world)
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
     trainer = MegatronTrainer(model, cfg.trainer, world, total_steps=100)

@@ -148,7 +148,7 @@ class DataPath:
         from yatt.engines.base import Completion
 
         cfg = self.cfg
-        data = load_rank_data(cfg, world, self.tokenizer)
+        data = load_rank_data(cfg.data, world, self.tokenizer, cfg.reward.verifiers)
         # the shard's stream (its seed does not matter: a step of prompts/DP rows takes every row of the shard)
         rows = PromptStream(data.train, seed=cfg.run.seed, shuffle=cfg.data.shuffle).next_batch(prompts)
         prompt_ids = encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)

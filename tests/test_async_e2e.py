@@ -65,6 +65,7 @@ def test_async_with_max_staleness_0_is_the_sync_run(config):
     assert all(r["async/staleness_mean"] == 0 and r["async/staleness_max"] == 0 for r in steps)
 
 
+@pytest.mark.slow  # CI: an ahead schedule's exact resume after kill -9 is tests/test_resume_e2e_vl.py's (torch)
 def test_one_step_off_is_one_step_stale_and_resumes_exactly_after_kill_9(config):
     tmp, path = config
     mode = "rollout.schedule.mode=one_step_off"

@@ -121,7 +121,7 @@ def test_file_source_chat_renders_the_prompt_column_through_the_template(tmp_pat
         model={"path": str(tmp_path)},
         data={"train": {**GSM8K_CHAT, "files": [str(path)]}, "eval": {**GSM8K_CHAT, "files": [str(path)]}},
     )
-    data = load_rank_data(cfg, ONE, tok)
+    data = load_rank_data(cfg.data, ONE, tok)
     row = data.train[1]
     assert (
         row.prompt is None
@@ -187,25 +187,25 @@ def test_bad_rows_stop_before_engines_naming_the_row(tmp_path):
     tok = chat_tokenizer()
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(4)))
-    data = load_rank_data(_cfg(tmp_path, good, good), ONE, tok)
+    data = load_rank_data(_cfg(tmp_path, good, good).data, ONE, tok)
     assert len(data.train) == 4 and all(type(t) is int for ids in data.eval_prompt_ids for t in ids)
 
     long = tmp_path / "long.jsonl"
     long.write_text('{"prompt": "1+1="}\n' + json.dumps({"messages": [{"role": "user", "content": "x" * 40}]}) + "\n")
     with pytest.raises(DataError, match=rf"{long}:2: the prompt has \d+ tokens, more than data.max_prompt_tokens=32"):
-        load_rank_data(_cfg(tmp_path, long, max_prompt_tokens=32), ONE, tok)
+        load_rank_data(_cfg(tmp_path, long, max_prompt_tokens=32).data, ONE, tok)
 
     bad_utf8 = tmp_path / "latin1.jsonl"
     bad_utf8.write_bytes(b'{"prompt": "1+1="}\n{"prompt": "caf\xe9"}\n')
     with pytest.raises(DataError, match=rf"{bad_utf8}:2: not valid UTF-8 \(byte 0xe9 at column 16\)"):
-        load_rank_data(_cfg(tmp_path, bad_utf8), ONE, tok)
+        load_rank_data(_cfg(tmp_path, bad_utf8).data, ONE, tok)
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")
     with pytest.raises(DataError, match=rf"data.train: no rows in {empty}"):
-        load_rank_data(_cfg(tmp_path, empty), ONE, tok)
+        load_rank_data(_cfg(tmp_path, empty).data, ONE, tok)
     with pytest.raises(DataError, match=rf"data.eval: no rows in {empty}"):
-        load_rank_data(_cfg(tmp_path, good, empty), ONE, tok)
+        load_rank_data(_cfg(tmp_path, good, empty).data, ONE, tok)
 
 
 def test_encode_prompts_checks_length(tmp_path):

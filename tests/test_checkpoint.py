@@ -180,6 +180,7 @@ def test_export_hf_writes_a_loadable_policy_listed_in_the_manifest(tmp_path):
         hf_weights=lambda state: state["model"],
         hf_config=model.config,
         tokenizer=tokenizer,
+        save_adapter=lambda folder, state: None,  # no adapters
     )
     writer = CheckpointWriter(tmp_path / "ck", 0, 1, "t", keep=1)
     (tmp_path / "ck").mkdir()
@@ -211,6 +212,7 @@ def test_preemption_signal_only_sets_a_flag():
 def _checkpointer(tmp_path, overrides=(), **writer_kw):
     from yatt.checkpoint.checkpointer import Checkpointer
     from yatt.config import load_experiment
+    from yatt.controllers.fingerprint import config_fingerprint
     from yatt.distributed import World
     from yatt.models.tiny import write_tiny_model
 
@@ -219,7 +221,8 @@ def _checkpointer(tmp_path, overrides=(), **writer_kw):
         "configs/quickstart.yaml",
         [f"run.output_dir={tmp_path}", f"model.path={policy}", f"checkpoint.dir={tmp_path / 'ck'}", *overrides],
     )
-    return Checkpointer(cfg, World(0, 1, 0, torch.device("cpu")), **writer_kw)
+    world = World(0, 1, 0, torch.device("cpu"))
+    return Checkpointer(cfg.checkpoint, cfg.run.run_dir, config_fingerprint(cfg, world.size), world, **writer_kw)
 
 
 def test_replaced_checkpoints_are_set_aside_until_this_launch_commits(tmp_path):

@@ -93,6 +93,7 @@ def uninterrupted(setup):
     return tmp / "full" / "r"
 
 
+@pytest.mark.slow  # CI: exact resume after kill -9 composed with LoRA, images, the critic, megatron (their tests)
 def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninterrupted):
     tmp, config = setup
     run_dir = tmp / "chain" / "r"

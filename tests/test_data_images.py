@@ -125,13 +125,13 @@ def test_missing_or_corrupt_image_stops_before_engines_naming_file_and_row(tmp_p
     (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
     missing = _write(tmp_path, [good, {**good, "images": ["nowhere.png"]}], "missing.jsonl")
     with pytest.raises(DataError, match=rf"{missing}:2: image file not found: {tmp_path / 'nowhere.png'}"):
-        load_rank_data(_cfg(vl_folder, missing), ONE, tok)
+        load_rank_data(_cfg(vl_folder, missing).data, ONE, tok)
     corrupt = _write(tmp_path, [good, {**good, "images": ["broken.png"]}], "corrupt.jsonl")
     with pytest.raises(DataError, match=rf"{corrupt}:2: image {tmp_path / 'broken.png'} is not a readable image"):
-        load_rank_data(_cfg(vl_folder, corrupt), ONE, tok)
+        load_rank_data(_cfg(vl_folder, corrupt).data, ONE, tok)
     bad_uri = _write(tmp_path, [good, {**good, "images": ["data:image/png;base64,@@@"]}], "uri.jsonl")
     with pytest.raises(DataError, match=rf"{bad_uri}:2: image data URI is not valid base64"):
-        load_rank_data(_cfg(vl_folder, bad_uri), ONE, tok)
+        load_rank_data(_cfg(vl_folder, bad_uri).data, ONE, tok)
     # a data URI of a real PNG is as good as a file
     png = (shapes / good["images"][0]).read_bytes()
     uri = _write(
@@ -139,7 +139,7 @@ def test_missing_or_corrupt_image_stops_before_engines_naming_file_and_row(tmp_p
         [good, {**good, "images": ["data:image/png;base64," + base64.b64encode(png).decode()]}],
         "uri_ok.jsonl",
     )
-    assert len(load_rank_data(_cfg(vl_folder, uri), ONE, tok).train) == 2
+    assert len(load_rank_data(_cfg(vl_folder, uri).data, ONE, tok).train) == 2
     # a text-only tokenizer cannot take image rows
     from yatt.models.tiny import DEFAULT_ALPHABET, build_char_tokenizer
 
@@ -169,7 +169,7 @@ def test_a_rank_opens_only_its_own_rows_images(monkeypatch, vl_folder, shapes):
     for rank in (0, 1):
         opened.clear()
         world = _SoloRankWorld(rank, 2)
-        data = load_rank_data(cfg, world, tok)
+        data = load_rank_data(cfg.data, world, tok)
         own = {ref for r in data.train + data.eval for ref in r.images}
         assert set(opened) == own and len(opened) == len(own)  # the start-up check: each own image once
         opened.clear()

@@ -65,6 +65,7 @@ def check_common(records):
         assert r["genrm/j/rerouted"] == 0 and r["genrm/j/duplicates_dropped"] == 0
 
 
+@pytest.mark.slow  # CI: full placement with a judge runs in tests/test_composition_matrix.py
 def test_full_placement_runs_judges_after_rollout(setup):
     records = launch(*setup, "full")
     check_common(records)

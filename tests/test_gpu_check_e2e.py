@@ -47,6 +47,7 @@ def passing_report(tmp_path: Path, script: str, *args: str, body: str = "") -> d
     return report
 
 
+@pytest.mark.slow  # the ahead check below runs the same script with more on
 def test_gpu_check_e2e_passes(tmp_path):
     report = passing_report(tmp_path, "gpu_check_e2e")
     assert (report["trainer_backend"], report["dtype"]) == ("torch", "bfloat16")

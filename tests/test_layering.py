@@ -15,12 +15,27 @@ LOWER = ("algorithms", "balance", "checkpoint", "data", "engines", "transport", 
 HIGHER = ("controllers", "trainers", "placement", "genrm", "quickstart")
 # package -> what it must not import (a rule from docs/architecture.md, with its reason)
 RULES = {
-    **{low: (HIGHER, "lower layers know no controller, trainer, placement or judge") for low in LOWER},
+    **{
+        low: (HIGHER + ("config",), "lower layers know no controller, trainer, placement, judge or experiment config")
+        for low in LOWER
+    },
     "tensors": (LOWER + HIGHER + ("config",), "the shared types import no other yatt module"),
     "distributed": (LOWER + HIGHER + ("config",), "the process-group wrapper imports no other yatt module"),
     "registry": (LOWER + HIGHER + ("config",), "the registry imports no other yatt module"),
     "tools": (HIGHER + ("agents", "engines"), "a tool knows no agent loop, engine, controller or trainer"),
-    "trainers": (("controllers", "placement", "genrm", "engines"), "a trainer knows no controller and no engine"),
+    "trainers": (
+        ("controllers", "placement", "genrm", "engines", "config"),
+        "a trainer knows no controller and no engine, and reads its own section (trainer), not the experiment",
+    ),
+    "backends": (LOWER + HIGHER + ("config",), "a backend choice is names and import paths, loaded when chosen"),
+    "preflight": (
+        ("controllers", "trainers", "placement", "engines"),
+        "the checks before any rank starts read the config and its files; they build no component",
+    ),
+    "launcher": (
+        ("trainers", "placement", "engines", "genrm", "algorithms"),
+        "the launcher checks the config and starts the run (yatt.controllers.run), not its parts",
+    ),
     "genrm": (("controllers", "placement", "trainers"), "judging knows no controller, placement or trainer"),
     "placement": (("controllers", "trainers"), "placement drives engines and roles, not the controller"),
 }
@@ -59,6 +74,16 @@ def violations() -> list[str]:
 
 def test_layering_rules_hold():
     assert violations() == []
+
+
+def test_launch_scripts_stay_thin():
+    """launch/train.py is the launcher's entry point and nothing else; no launch script builds a trainer or
+    placement itself."""
+    scripts = {path.name: imports_of(path) for path in (PACKAGE.parent / "launch").glob("*.py")}
+    assert scripts["train.py"] == {"launcher"}
+    assert {
+        name: found & {"trainers", "placement"} for name, found in scripts.items() if found & {"trainers", "placement"}
+    } == {}
 
 
 def test_rules_name_real_packages():

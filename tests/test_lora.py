@@ -108,7 +108,7 @@ def test_the_factory_loads_no_second_model_for_the_reference(tiny, tmp_path, mon
     with pytest.raises(EnginesStart):
         build_components(cfg, WORLD, tmp_path / "run", spawn=spawn)
     policy, ref = built
-    assert isinstance(policy, TorchTrainer) and policy.lora and isinstance(ref, AdapterOff) and ref.trainer is policy
+    assert isinstance(policy, TorchTrainer) and isinstance(ref, AdapterOff) and ref.trainer is policy
 
 
 @pytest.mark.parametrize("sync, rank", [("adapter", 4), ("merged", None)])
@@ -143,7 +143,7 @@ def test_only_the_adapters_train(tiny):
     trainable = [n for n, p in policy.module.named_parameters() if p.requires_grad]
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     held = [p for group in policy.optimizer.param_groups for p in group["params"]]
-    assert {id(p) for p in held} == {id(p) for p in policy.lora.parameters()}
+    assert {id(p) for p in held} == {id(p) for p in policy.weights.parameters()}
     # 2 layers x 7 linear layers (q, k, v, o, gate, up, down) x (A, B)
     assert len(held) == 2 * 7 * 2
     before = {n: p.detach().clone() for n, p in policy.module.named_parameters()}
@@ -164,7 +164,7 @@ def test_only_the_adapters_train(tiny):
 def test_the_merged_push_is_peft_s_merge_of_the_adapted_modules_only(tiny):
     policy = lora_trainer(tiny, LoRAConfig(rank=4, alpha=8, target_modules=["q_proj", "o_proj"]))
     step(policy)
-    merged = copy.deepcopy(policy.lora.peft).merge_and_unload().state_dict()
+    merged = copy.deepcopy(policy.weights.peft).merge_and_unload().state_dict()
     sent = flat(policy.engine_weights(1 << 20))
     # q_proj is adapted; k_proj and v_proj go with it (an engine reloads the fused q/k/v whole), biases included
     assert {n.split(".", 3)[3] for n in sent} == {
@@ -174,7 +174,7 @@ def test_the_merged_push_is_peft_s_merge_of_the_adapted_modules_only(tiny):
         assert torch.equal(tensor, merged[name]), name
     assert not torch.equal(
         sent["model.layers.0.self_attn.q_proj.weight"],
-        policy.lora.layers["model.layers.0.self_attn.q_proj"].get_base_layer().weight,
+        policy.weights.layers["model.layers.0.self_attn.q_proj"].get_base_layer().weight,
     )
     whole = sum(t.numel() for _, t in TorchTrainer(tiny, CFG, WORLD, trainable=False).named_weights())
     assert sum(t.numel() for t in sent.values()) < 0.5 * whole  # no MLP, no embeddings, no norms
@@ -233,7 +233,9 @@ def test_a_checkpoint_holds_the_adapters_and_their_optimizer_state_and_resumes_e
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     batch = rl_batch(a, seed=9)
     assert torch.equal(a.logprobs(batch)[0], b.logprobs(batch)[0])
-    with pytest.raises(ValueError, match="the checkpoint holds LoRA adapters, but model.lora is off"):
+    with pytest.raises(
+        ValueError, match=r"the checkpoint holds LoRA adapters, but this policy trains all weights \(model.lora\)"
+    ):
         full.load_state_dict(a.state_dict())
 
 

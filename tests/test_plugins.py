@@ -79,7 +79,7 @@ def test_a_verifier_from_a_file_outside_yatt_and_tests(tmp_path, monkeypatch):
 
 def rank_data(config, *overrides):
     cfg = load_experiment(config, list(overrides))
-    return load_rank_data(cfg, WORLD, AutoTokenizer.from_pretrained(str(cfg.model.path)))
+    return load_rank_data(cfg.data, WORLD, AutoTokenizer.from_pretrained(str(cfg.model.path)), cfg.reward.verifiers)
 
 
 def test_a_data_source_may_be_an_import_path_itself(tmp_path, monkeypatch):

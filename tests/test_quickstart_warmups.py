@@ -61,7 +61,7 @@ def greedy_rewards(run: ExperimentConfig) -> list[tuple[str, str, float]]:
     """(gold answer, response, rule reward) of the run's greedy evaluation, every held-out row read, encoded,
     generated and scored by the run's own functions."""
     tokenizer = load_tokenizer(run.model.path)
-    data = load_rank_data(run, ONE_RANK, tokenizer)
+    data = load_rank_data(run.data, ONE_RANK, tokenizer, run.reward.verifiers)
     images = ImageInputs(run.model.path) if is_vision_model(run.model.path) else None
     loaded = load_batch_images(data.eval, images, data.eval_prompt_ids)
     _, greedy = sampling_specs(run.rollout, tokenizer.eos_token_id)

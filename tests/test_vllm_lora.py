@@ -39,7 +39,7 @@ def sampled_vs_trainer(engine: EngineClient, policy: TorchTrainer) -> tuple[floa
     batch = TokenBatch.from_sequences([p for p, _ in samples], [c.token_ids for _, c in samples], pad_id=0)
     batch.temperature = 1.0
     adapted, _ = policy.logprobs(batch)
-    with policy.lora.disabled():
+    with policy.weights.disabled():
         base, _ = policy.logprobs(batch)
     got = [torch.tensor(c.logprobs) for _, c in samples]
     mask = batch.mask.bool()

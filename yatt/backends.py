@@ -11,7 +11,8 @@ for a plug-in class named by import path):
   not selected, it is an error naming both;
 - `preflight`: the checks the config alone cannot make (a package installed, a split that divides the
   ranks launched), called by `yatt.preflight.check_run` before anything starts; each registry states its
-  signature (trainers: `(cfg: ExperimentConfig, world_size)`, engines: `(engine: EngineConfig)`);
+  signature, each with its own section (trainers: `(trainer: TrainerConfig, world_size)`, engines:
+  `(engine: EngineConfig)`);
 - `env` (engines): environment variables of the engine process, from its section;
 - `lora` (trainers): True when it trains LoRA adapters (model.lora), else why not, in a few words (absent: it
   does not; a config with model.lora on and such a trainer is refused with that reason);

@@ -6,9 +6,15 @@ from pathlib import Path
 from typing import TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 C = TypeVar("C", bound=BaseModel)
+
+
+class Section(BaseModel):
+    """A config section: an unknown key is an error naming it (a typo never passes silently)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class ConfigError(Exception):

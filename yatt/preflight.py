@@ -168,7 +168,7 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
 
 def check_backends(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     """The backends' own checks (their `preflight` hooks): the trainer's, then each engine's, named by field."""
-    checks = [("", getattr(cfg.trainer.backend_entry, "preflight", None), (cfg, world_size))]
+    checks = [("", getattr(cfg.trainer.backend_entry, "preflight", None), (cfg.trainer, world_size))]
     engines = {
         "rollout.engine": cfg.rollout.engine,
         **{f"reward.judges[{j.name}].engine": j.engine for j in cfg.reward.judges},

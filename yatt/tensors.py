@@ -135,14 +135,27 @@ def weight_buckets(named_tensors: NamedTensors, max_bytes: int) -> Iterator[Name
     vLLM reloads fused modules (qkv_proj, gate_up_proj) layer by layer: a module that receives only some
     of its parts in one reload is silently left half-updated. Keeping each ``*.layers.N.*`` group (or each
     module outside the layers) whole avoids that; a group larger than ``max_bytes`` is a bucket alone.
+    A group's tensors come one after the other (a model's parameter order), so `named_tensors` is read as it
+    comes: a sharded model's weights, gathered one at a time, are held one bucket at a time.
     """
-    groups: dict[str, NamedTensors] = {}
-    for name, t in named_tensors:
-        m = _LAYER.match(name)
-        groups.setdefault(m.group(1) if m else name.rpartition(".")[0], []).append((name, t))
     bucket: NamedTensors = []
     size = 0
-    for items in groups.values():
+
+    def groups() -> Iterator[NamedTensors]:
+        items: NamedTensors = []
+        key = None
+        for name, t in named_tensors:
+            m = _LAYER.match(name)
+            this = m.group(1) if m else name.rpartition(".")[0]
+            if items and this != key:
+                yield items
+                items = []
+            items.append((name, t))
+            key = this
+        if items:
+            yield items
+
+    for items in groups():
         n = sum(t.numel() * t.element_size() for _, t in items)
         if bucket and size + n > max_bytes:
             yield bucket

@@ -28,8 +28,8 @@ class CountingTrainer(TorchTrainer):
     config = CountingConfig
 
     @staticmethod
-    def preflight(cfg, world_size: int) -> None:
-        folder = cfg.trainer.backend_config.log.parent
+    def preflight(trainer, world_size: int) -> None:
+        folder = trainer.backend_config.log.parent
         if not folder.is_dir():
             raise ValueError(f"trainer.counting.log: folder not found: {folder}")
 

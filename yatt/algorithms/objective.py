@@ -22,7 +22,7 @@ from yatt.algorithms.rollout_is import correction_weights, mismatch_metrics
 from yatt.tensors import LossFn, TokenBatch
 
 if TYPE_CHECKING:
-    from yatt.config import AlgorithmConfig
+    from yatt.algorithms.config import AlgorithmConfig
     from yatt.distributed import World
 
 

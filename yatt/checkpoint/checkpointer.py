@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from yatt.checkpoint.aside import drop_aside, set_aside
-from yatt.checkpoint.fingerprint import config_fingerprint
+from yatt.checkpoint.config import CheckpointConfig
 from yatt.checkpoint.manifest import CheckpointError
 from yatt.checkpoint.resume import check_compatible, find_resume, load_part
 from yatt.checkpoint.snapshot import Snapshot, snapshot
@@ -27,7 +27,6 @@ from yatt.checkpoint.writer import (
     remove_stale,
     step_dir_name,
 )
-from yatt.config import ExperimentConfig
 from yatt.distributed import World
 
 # checkpoint.export_hf's hook: rank 0's replicated snapshot (None elsewhere) -> what the writer runs on the
@@ -63,29 +62,33 @@ class PreemptionFlag:
             signal.signal(s, handler)
 
 
-def checkpoint_root(cfg: ExperimentConfig) -> Path:
-    return Path(cfg.checkpoint.dir or cfg.run.run_dir / "checkpoints")
-
-
 class Checkpointer:
-    """on_commit: called on rank 0 (by the writer thread: file-system work only) after each checkpoint commits, once
-    what this launch set aside in the checkpoint root is deleted (yatt.checkpoint.aside)."""
+    """The run's checkpoints under `cfg.root(run_dir)`. `fingerprint`: what a checkpoint must agree on to be
+    resumed (stored in each manifest, compared on resume). on_commit: called on rank 0 (by the writer thread:
+    file-system work only) after each checkpoint commits, once what this launch set aside in the checkpoint root
+    is deleted (yatt.checkpoint.aside)."""
 
-    def __init__(self, cfg: ExperimentConfig, world: World, on_commit: Callable[[], None] | None = None):
-        self.cfg, self.world = cfg, world
-        self.root = checkpoint_root(cfg)
+    def __init__(
+        self,
+        cfg: CheckpointConfig,
+        run_dir: Path,
+        fingerprint: dict[str, Any],
+        world: World,
+        on_commit: Callable[[], None] | None = None,
+    ):
+        self.cfg, self.run_dir, self.world = cfg, Path(run_dir), world
+        self.root = cfg.root(self.run_dir)
         self._on_commit = on_commit
-        self.fingerprint = config_fingerprint(cfg, world.size)
+        self.fingerprint = fingerprint
         token = world.broadcast_object(secrets.token_hex(4))  # one staging-dir token per launch, all ranks
-        ck = cfg.checkpoint
         self.writer = CheckpointWriter(
             self.root,
             world.rank,
             world.size,
             token,
-            ck.keep,
-            ck.async_write,
-            ck.debug_write_delay_s,
+            cfg.keep,
+            cfg.async_write,
+            cfg.debug_write_delay_s,
             on_commit=self.committed,
         )
         self.saved_step = -1
@@ -104,7 +107,7 @@ class Checkpointer:
                     and (done := complete_checkpoints(self.root) if self.root.is_dir() else [])
                 ):
                     raise CheckpointError(
-                        f"run {self.cfg.run.run_dir} has {len(done)} checkpoint(s) in {self.root} (newest "
+                        f"run {self.run_dir} has {len(done)} checkpoint(s) in {self.root} (newest "
                         f"{done[-1][1].name}); --resume none would start it over: add --overwrite (they are kept "
                         "until the new run's first checkpoint commits), or choose another run.name"
                     )
@@ -151,7 +154,7 @@ class Checkpointer:
 
     # ---- save ----------------------------------------------------------------------------------
     def due(self, step: int) -> bool:
-        every = self.cfg.checkpoint.every
+        every = self.cfg.every
         return bool(every) and step % every == 0
 
     def save(self, step: int, source: Stateful, export: ExportHook | None = None) -> float:
@@ -169,7 +172,7 @@ class Checkpointer:
         if self.world.is_main:
             parts["shared"] = snapshot(shared)
         export_fn = None
-        if self.cfg.checkpoint.export_hf and export is not None:
+        if self.cfg.export_hf and export is not None:
             export_fn = export(parts.get("shared"))
             if not self.world.is_main:  # one policy folder per checkpoint, from rank 0
                 export_fn = None

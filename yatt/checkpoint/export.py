@@ -30,9 +30,8 @@ class PolicySource(Protocol):
 
     def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]: ...
     def gather_hf_weights(self) -> dict[str, Tensor] | None: ...
-
-    # optional: a trainer with LoRA adapters writes peft's adapter folder of a snapshot's state (None: live)
-    # save_adapter(folder: Path, state: dict | None = None) -> None
+    def save_adapter(self, folder: Path, state: dict[str, Any] | None = None) -> None:
+        """peft's adapter folder of a snapshot's state (None: live); nothing for a trainer without adapters."""
 
 
 def export_hf(folder: Path, weights: dict[str, Tensor], hf_config: Any, tokenizer: Any) -> None:
@@ -53,14 +52,13 @@ def export_snapshot(
     hf_weights: Callable[[Any], dict[str, Tensor]],
     hf_config: Any,
     tokenizer: Any,
-    save_adapter: Callable[[Path, Any], None] | None = None,
+    save_adapter: Callable[[Path, Any], None],
 ) -> None:
     """Export the state saved under `key` of a checkpoint snapshot; `hf_weights` (the trainer's) finds the
-    Hugging Face-named weights in it, `save_adapter` (the trainer's, if it has one) writes its adapters."""
+    Hugging Face-named weights in it, `save_adapter` (the trainer's) writes its adapters, if it has any."""
     state = restore({key: snap.tree[key]}, snap.tensors)[key]
     export_hf(folder, hf_weights(state), hf_config, tokenizer)
-    if save_adapter is not None:
-        save_adapter(folder / ADAPTER_DIR, state)
+    save_adapter(folder / ADAPTER_DIR, state)
 
 
 def policy_writer(trainer: PolicySource, snap: Snapshot | None, key: str, tokenizer: Any) -> PolicyWriter | None:
@@ -81,7 +79,7 @@ def policy_writer(trainer: PolicySource, snap: Snapshot | None, key: str, tokeni
             hf_weights=trainer.hf_weights,
             hf_config=trainer.hf_config,
             tokenizer=tokenizer,
-            save_adapter=getattr(trainer, "save_adapter", None),
+            save_adapter=trainer.save_adapter,
         )
     weights = trainer.gather_hf_weights()  # a collective: every rank takes part, rank 0 gets the weights
     if weights is None:

@@ -52,8 +52,8 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
         **lora,
     )
     ref = None
-    if cfg.algorithm.kl_coef:  # with LoRA the policy with its adapter off: no second copy of the model
-        ref = trainer.reference() if lora else backend(cfg.model.path, cfg.trainer, world, trainable=False)
+    if cfg.algorithm.kl_coef:  # for free if the policy can give one (LoRA: its adapter off), else a frozen copy
+        ref = trainer.reference() or backend(cfg.model.path, cfg.trainer, world, trainable=False)
     critic = None
     if cfg.uses_critic:  # the trainer section's settings with the critic's own learning rate
         value_model = backend(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from yatt.config import DynamicSamplingConfig
+from yatt.algorithms.config import DynamicSamplingConfig
 from yatt.data.rollout import Rollout
 from yatt.distributed import World
 from yatt.placement.metrics import maxed, summed

@@ -27,6 +27,7 @@ from yatt.checkpoint.checkpointer import Checkpointer, PreemptionFlag
 from yatt.config import ExperimentConfig
 from yatt.config_loading import dump_config
 from yatt.controllers.components import build_components
+from yatt.controllers.fingerprint import config_fingerprint
 from yatt.controllers.metrics import MetricsLogger, keep_metrics_until
 from yatt.controllers.samples import SamplesWriter, keep_samples_until
 from yatt.controllers.shard import ControllerShard
@@ -103,8 +104,9 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     # and before any engine starts (every prompt is tokenized). With tensor/pipeline parallelism the ranks of one
     # model-parallel group share one data-parallel slice.
     data_world = data_parallel_world(world, *cfg.trainer.model_parallel)
-    data = load_rank_data(cfg, data_world, load_tokenizer(cfg.model.path))
-    checkpoints = Checkpointer(cfg, world, on_commit=partial(drop_aside, run_dir))
+    data = load_rank_data(cfg.data, data_world, load_tokenizer(cfg.model.path), cfg.reward.verifiers)
+    fingerprint = config_fingerprint(cfg, world.size)
+    checkpoints = Checkpointer(cfg.checkpoint, run_dir, fingerprint, world, on_commit=partial(drop_aside, run_dir))
     found = checkpoints.find(resume, overwrite)  # verified, config-compatible; `none` over checkpoints needs overwrite
     start_step = found[1] if found else 0
     if finished := _finished_summary(run_dir, start_step, cfg.run.steps, world):

@@ -71,7 +71,7 @@ class ControllerShard(ShardState):
         self.cfg, self.tokenizer, self.trainer, self.ref = cfg, parts.tokenizer, parts.trainer, parts.ref
         self.engines, self.algorithm, self.critic = parts.engines, parts.algorithm, parts.critic
         self.prompts_per_rank = cfg.data.prompts_per_step // self.world.size
-        data = data or load_rank_data(cfg, self.world, self.tokenizer)
+        data = data or load_rank_data(cfg.data, self.world, self.tokenizer, cfg.reward.verifiers)
         seed = cfg.run.seed * 1009 + self.world.rank
         self.train_stream = PromptStream(data.train, seed=seed, shuffle=cfg.data.shuffle)
         self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids

@@ -1,7 +1,8 @@
-"""The config sections of data sources (`data.train`, `data.eval`): local files or reasoning-gym generators.
+"""The `data` section (`DataConfig`) and its data sources (`data.train`, `data.eval`): local files or reasoning-gym
+generators.
 
 They live beside the readers they configure (yatt.data.sources opens them) and import nothing but pydantic, so
-reading a config never imports torch; yatt.config puts them in `DataConfig`. Both kinds share `ChatPrompt`: with
+reading a config never imports torch. Both kinds share `ChatPrompt`: with
 `chat: true` a row's question text is given to the policy as a chat (system prompt + user message built from
 `instruction`) through the tokenizer's chat template (yatt.data.chat), for instruct models.
 """
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from yatt.config_loading import Section
 
 
 class ChatPrompt(BaseModel):
@@ -99,3 +102,18 @@ class GymSource(ChatPrompt):
 
 
 DataSource = Annotated[Union[FileSource, GymSource], Field(discriminator="kind")]
+
+
+class DataConfig(Section):
+    train: DataSource
+    eval: DataSource | None = Field(None, description="Held-out prompts for greedy accuracy.")
+    prompts_per_step: int = Field(32, gt=0, description="Prompts per RL step over all ranks.")
+    eval_prompts: int = Field(500, gt=0, description="Held-out prompts evaluated (over all ranks).")
+    max_prompt_tokens: int = Field(256, gt=0, description="Longer prompts are an error, not truncated.")
+    shuffle: bool = Field(True, description="Reshuffle each rank's shard every epoch.")
+    check_images: bool = Field(
+        True,
+        description="Before any engine starts, read and decode each image of this "
+        "rank's rows once (then drop it), so a missing or corrupt image stops the run naming "
+        "the file and row; false: found when the step that uses it reads it.",
+    )

@@ -10,9 +10,10 @@ that found the problem raises it, the others raise a quiet DataError so the laun
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from yatt.config import ExperimentConfig
+from yatt.data.config import DataConfig
 from yatt.data.errors import DataError
 from yatt.data.images import IMAGE_PLACEHOLDER, check_row_images
 from yatt.data.rows import PromptRow
@@ -57,23 +58,23 @@ def image_token_id(tokenizer, where: str) -> int:
     return int(token)
 
 
-def _read(cfg: ExperimentConfig, rank: int, world_size: int, tokenizer) -> RankData:
-    data = cfg.data
+def _read(data: DataConfig, verifiers: Mapping[str, str], rank: int, world_size: int, tokenizer) -> RankData:
     train = load_shard(data.train, rank, world_size)
     encode_prompts(train, tokenizer, data.max_prompt_tokens)  # checks every row; steps encode their batch again
     evals = load_shard(data.eval, rank, world_size, limit=data.eval_prompts) if data.eval is not None else []
     if data.check_images:  # this rank's rows only, one image at a time
         for row in train + evals:
             check_row_images(row.images, row.where)
-    use_verifiers(cfg.reward.verifiers, train + evals)  # every row can be scored (reward.verifiers imported)
+    use_verifiers(verifiers, train + evals)  # every row can be scored (reward.verifiers imported)
     return RankData(train, evals, encode_prompts(evals, tokenizer, data.max_prompt_tokens))
 
 
-def load_rank_data(cfg: ExperimentConfig, world, tokenizer) -> RankData:
-    """This rank's checked data; raises DataError on every rank if any rank's data is unusable."""
+def load_rank_data(data: DataConfig, world, tokenizer, verifiers: Mapping[str, str] | None = None) -> RankData:
+    """This rank's checked data (`verifiers`: reward.verifiers, imported so that every row can be scored); raises
+    DataError on every rank if any rank's data is unusable."""
     error = None
     try:
-        out = _read(cfg, world.rank, world.size, tokenizer)
+        out = _read(data, verifiers or {}, world.rank, world.size, tokenizer)
         counts = [float(len(out.train)), float(len(out.eval)), 0.0]
     except DataError as err:
         error, counts = err, [0.0, 0.0, 1.0]
@@ -84,11 +85,11 @@ def load_rank_data(cfg: ExperimentConfig, world, tokenizer) -> RankData:
     if failed:
         raise DataError("another rank's data is unusable (it printed why)", quiet=True)
     if train_total == 0:
-        raise DataError(f"data.train: no rows in {describe(cfg.data.train)}", quiet=not world.is_main)
+        raise DataError(f"data.train: no rows in {describe(data.train)}", quiet=not world.is_main)
     if train_min == 0:
-        raise DataError(f"data.train: {int(train_total)} row(s) in {describe(cfg.data.train)} cannot give each of "
+        raise DataError(f"data.train: {int(train_total)} row(s) in {describe(data.train)} cannot give each of "
                         f"{world.size} ranks at least one", quiet=not world.is_main)
-    if cfg.data.eval is not None and eval_total == 0:
-        raise DataError(f"data.eval: no rows in {describe(cfg.data.eval)} (remove data.eval to run without "
+    if data.eval is not None and eval_total == 0:
+        raise DataError(f"data.eval: no rows in {describe(data.eval)} (remove data.eval to run without "
                         "held-out evaluation)", quiet=not world.is_main)
     return out

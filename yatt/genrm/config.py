@@ -1,4 +1,5 @@
-"""Config of a generative reward model (GenRM) judge."""
+"""Config of a generative reward model (GenRM) judge, and the `reward` section that mixes judges with the rule
+verifiers."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from yatt.config_loading import Section
 from yatt.engines.config import EngineConfig
+from yatt.genrm.mixing import MixMode
 from yatt.genrm.template import check_template
 from yatt.genrm.verdict import ScoreVerdict, YesNoVerdict
+from yatt.registry import is_import_path
 
 VerdictConfig = Annotated[YesNoVerdict | ScoreVerdict, Field(discriminator="kind")]
 
@@ -51,4 +55,38 @@ class JudgeConfig(BaseModel):
                 f"judge {self.name!r}: repeats={self.repeats} with temperature 0 repeats the same "
                 "greedy verdict; set temperature > 0 or repeats: 1"
             )
+        return self
+
+
+class RewardConfig(Section):
+    kind: MixMode = Field(
+        "rule",
+        description="rule: the verifier chosen by each row's data_source; genrm: the judges' weighted "
+        "mean; genrm_with_rule: the weighted mean of the rule score (rule_weight) and the judges.",
+    )
+    rule_weight: float = Field(1.0, ge=0.0, description="Weight of the rule score in genrm_with_rule.")
+    judges: list[JudgeConfig] = Field(default_factory=list, description="Generative reward models (GenRM).")
+    verifiers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Your own rule verifiers by data_source "
+        "name, e.g. {my_task: 'my_pkg.rewards:score'}: rows whose data_source is "
+        "my_task are scored by score(response, row) -> float in [0, 1]. Imported when "
+        "the run reads its data (yatt.rewards.rules), not when the config is checked.",
+    )
+
+    @field_validator("verifiers")
+    @classmethod
+    def _import_paths(cls, verifiers: dict[str, str]) -> dict[str, str]:
+        for name, path in verifiers.items():
+            if not is_import_path(path):
+                raise ValueError(f"reward.verifiers.{name}: {path!r} is not an import path 'pkg.module:function'")
+        return verifiers
+
+    @model_validator(mode="after")
+    def _judges_match_kind(self) -> RewardConfig:
+        if self.kind != "rule" and not self.judges:
+            raise ValueError(f"reward.kind={self.kind} needs at least one entry in reward.judges")
+        names = [j.name for j in self.judges]
+        if len(set(names)) != len(names):
+            raise ValueError(f"judge names must be unique, got {names}")
         return self

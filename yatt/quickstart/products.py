@@ -3,16 +3,18 @@
 Rows are yatt JSONL prompt rows (``{"prompt": "1234*56=", "answer": "69104", "data_source": "last_number"}``);
 the reward reads the last number of the last model turn (yatt.agents: `final_text`). `write_products_files`
 writes:
-- ``sft.jsonl``: the warm-up (`configs/sft_quickstart_tools.yaml`). A fraction `call_fraction` (0.4) of its rows
+- ``sft.jsonl``: the warm-up (`configs/sft_quickstart_tools.yaml`). A fraction `call_fraction` (0.25) of its rows
   call the calculator (named ``c``): their answer is the model's two turns, the call and the product copied from
   the tool's response, each ended by the end-of-sequence token; the warm-up replays them through the run's
   `tool_loop`, which runs the calculator and writes its response turn. The other rows guess: ``guess:69104``,
   which a model this size gets wrong. Every guess starts with the same token, so the warm-up learns to call with
-  probability ~0.4 on any prompt and to guess with ~0.6: greedy decoding always guesses (held-out accuracy ~0),
-  while the run's samples at temperature 1 call on ~40% of them, right when the operands are copied. GRPO then
-  raises how often it calls until greedy decoding calls too. (With the guesses as bare digits, the call's first
-  token competed with the product's first digit, whose confidence differs from machine to machine: the
-  greedy policy called on 67% of the prompts on one machine and 96% on another, and the run's gain with it.)
+  probability ~0.25 on any prompt and to guess with ~0.75: greedy decoding always guesses (held-out accuracy ~0),
+  while the run's samples at temperature 1 call on ~25% of the prompts, right when the operands are copied. GRPO
+  then raises how often it calls until greedy decoding calls too. Two things made the start depend on the machine
+  before: with the guesses as bare digits, the call's first token competed with the product's first digit (the
+  greedy policy called on 67% of the prompts on one machine, 96% on another); and with 40% of the rows calling,
+  the first token's probability wandered around 0.5 from batch to batch (greedy called on 95% of the prompts
+  after one warm-up, on none after the same warm-up 50 steps longer).
 - ``train.jsonl`` (RL prompts) and ``eval.jsonl`` (held out); no (a, b) pair is in two files.
 
     python -m yatt.quickstart.products --out data/products [--seed 0]
@@ -63,7 +65,9 @@ def product_pairs(count: int, rng: random.Random, taken: set) -> list[tuple[int,
     return pairs
 
 
-def write_products_files(out: str | Path, seed: int = 0, call_fraction: float = 0.4, sizes: dict | None = None) -> None:
+def write_products_files(
+    out: str | Path, seed: int = 0, call_fraction: float = 0.25, sizes: dict | None = None
+) -> None:
     sizes = {**DEFAULT_SIZES, **(sizes or {})}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="data/products")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--call-fraction", type=float, default=0.4)
+    parser.add_argument("--call-fraction", type=float, default=0.25)
     args = parser.parse_args()
     write_products_files(args.out, args.seed, args.call_fraction)
 

@@ -2,7 +2,7 @@
 
 `TRAINERS` names the backends `trainer.backend` may choose; each implements `yatt.trainers.base.Trainer`.
 An entry may own a section beside `backend` (`trainer.torch`, `trainer.megatron`) and declare hooks (`yatt.backends`):
-`preflight(cfg: ExperimentConfig, world_size)` raises ValueError for what the config alone cannot tell; its
+`preflight(trainer: TrainerConfig, world_size)` raises ValueError for what the config alone cannot tell; its
 section's `model_parallel` (tensor, pipeline) says how many ranks hold one copy of the model; `lora` says whether
 it trains LoRA adapters (model.lora; a trainer that does takes `lora=` and has `reference()`).
 """

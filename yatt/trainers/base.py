@@ -4,8 +4,9 @@ Backends are registered in `yatt.trainers.TRAINERS` under the name `trainer.back
 ``Backend(model_path, cfg: TrainerConfig, world, trainable=True, total_steps=1, head="lm", freeze_vision=False)``;
 `trainable=False` is a frozen reference model (log-probs only); `freeze_vision` (model.freeze_vision) keeps a
 vision-language policy's vision tower fixed. A backend whose registry entry declares `lora` (yatt.backends) is
-also given `lora=` (yatt.models.lora_config.LoRAConfig, model.lora) when it is on, and then has `reference()`:
-the frozen reference as the policy with its adapter off (log-probs, offload/onload), instead of a second model.
+also given `lora=` (yatt.models.lora_config.LoRAConfig, model.lora) when it is on; its `reference()` then gives
+the frozen reference as the policy with its adapter off (log-probs, offload/onload), instead of a second model,
+and `save_adapter` writes the adapters into an export.
 Batches of image prompts carry `TokenBatch.pixels` once per distinct prompt and `TokenBatch.image_index` per row.
 A backend knows nothing about RL: the controller hands it
 a loss function, so the policy objective, a value loss or an SFT loss run through the same update.
@@ -79,6 +80,15 @@ class Trainer(Protocol):
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
         """Write the policy as a Hugging Face folder (safetensors, config, tokenizer)."""
+        ...
+
+    def save_adapter(self, folder: str | Path, state: dict[str, Any] | None = None) -> None:
+        """An export's adapter folder (peft's) of a snapshot's `state` (None: live); nothing without adapters."""
+        ...
+
+    def reference(self) -> Trainer | None:
+        """The frozen reference model for free (LoRA: the policy with its adapter off), or None: the caller loads
+        a frozen copy (`trainable=False`)."""
         ...
 
     def offload(self) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 Read `Adapters` (the transform and its state), then `AdapterOff` (the reference model it gives for free).
 
-`Adapters(module, cfg)` is one step of the trainer's model chain (yatt.trainers.torch_trainer: load -> freeze ->
-adapters -> checkpointing -> data parallel -> optimizer): peft's `get_peft_model` replaces each target linear layer
+`Adapters(module, cfg)` is the trainer's `Weights` (yatt.trainers.weights) when model.lora is on, one step of its
+model chain (yatt.trainers.torch_trainer: load -> freeze -> weights -> checkpointing -> data parallel ->
+optimizer): peft's `get_peft_model` replaces each target linear layer
 inside `module` by a LoRA layer (the Hugging Face module object stays the one the scorer runs) and freezes every
 other weight. What the rest of yatt sees:
 - the trainable parameters: the A and B of each adapted layer, nothing else;
@@ -12,7 +13,8 @@ other weight. What the rest of yatt sees:
   yatt.models.lora), what an export writes;
 - `engine_weights()`: what the weight sync sends, per `model.lora.sync`: the merged weights of the adapted modules
   only (and the other members of a fused q/k/v or gate/up group, which an engine reloads whole), or the adapters;
-- `save_adapter()`: peft's adapter folder (adapter_model.safetensors + adapter_config.json).
+- `save_adapter()`: peft's adapter folder (adapter_model.safetensors + adapter_config.json);
+- `reference()`: the frozen reference, the same trainer with its adapter off (`AdapterOff`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from yatt.checkpoint.export import ADAPTER_DIR, export_hf
 from yatt.models.lora import FUSED, A, B, adapter_update, merged_weight
 from yatt.models.lora_config import LoRAConfig
 from yatt.tensors import NamedTensors
@@ -53,6 +56,8 @@ def sent_modules(module: nn.Module, adapted: list[str]) -> list[str]:
 
 class Adapters:
     """The LoRA adapters of one policy module (see the module docstring)."""
+
+    key = "adapter"  # a checkpoint holds the adapters alone: the base is model.path's
 
     def __init__(self, module: nn.Module, cfg: LoRAConfig):
         from peft import LoraConfig, get_peft_model
@@ -113,6 +118,9 @@ class Adapters:
             tensor.copy_(state[name])
 
     # ---- the reference model -------------------------------------------------------------------
+    def reference(self, trainer: Any) -> AdapterOff:
+        return AdapterOff(trainer, self)
+
     @contextmanager
     def disabled(self) -> Iterator[None]:
         """Forwards inside run the base model: every LoRA layer computes its base layer alone (peft)."""
@@ -140,6 +148,10 @@ class Adapters:
             weights[f"{name}.weight"] = self._merged(name, state, host)
         return weights
 
+    def named_weights(self) -> NamedTensors:
+        """The policy under Hugging Face names, adapted layers merged (`hf_weights`)."""
+        return list(self.hf_weights().items())
+
     def engine_weights(self) -> NamedTensors:
         """What the weight sync sends (module docstring), in module order."""
         state = self.state()
@@ -157,6 +169,13 @@ class Adapters:
             for module in self.sent
             for name, t in by_module[module]
         ]
+
+    def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
+        """What save_pretrained writes, with the adapted layers merged, and peft's adapter folder in adapter/."""
+        export_hf(Path(folder), self.hf_weights(), self.module.config, tokenizer)
+        if self.module.can_generate():
+            self.module.generation_config.save_pretrained(str(folder))
+        self.save_adapter(Path(folder) / ADAPTER_DIR)
 
     # ---- peft's adapter folder -----------------------------------------------------------------
     def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None) -> None:
@@ -183,11 +202,11 @@ class AdapterOff:
 
     replicated, head, trainable = True, "lm", False
 
-    def __init__(self, trainer: Any):
-        self.trainer = trainer
+    def __init__(self, trainer: Any, adapters: Adapters):
+        self.trainer, self.adapters = trainer, adapters
 
     def logprobs(self, batch: Any, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        with self.trainer.lora.disabled():
+        with self.adapters.disabled():
             return self.trainer.logprobs(batch, with_entropy)
 
     def offload(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from yatt.backends import Backend
 
 if TYPE_CHECKING:
-    from yatt.config import ExperimentConfig
+    from yatt.trainers.config import TrainerConfig
 
 
 class MegatronConfig(BaseModel):
@@ -47,9 +47,9 @@ class MegatronConfig(BaseModel):
         return self.tensor_parallel, self.pipeline_parallel
 
 
-def preflight(cfg: ExperimentConfig, world_size: int) -> None:
-    """What megatron needs of the launch and of the other sections (ValueError naming the fields)."""
-    tp, pp = cfg.trainer.model_parallel
+def preflight(trainer: TrainerConfig, world_size: int) -> None:
+    """What megatron needs of the launch (ValueError naming the fields)."""
+    tp, pp = trainer.model_parallel
     if world_size % (tp * pp):
         raise ValueError(
             f"trainer.megatron.tensor_parallel x pipeline_parallel = {tp * pp} must divide "

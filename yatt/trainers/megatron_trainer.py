@@ -44,13 +44,13 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
-from yatt.config import TrainerConfig
 from yatt.distributed import World
 from yatt.models.vision import vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch
 from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.trainers import megatron_vision as mv
+from yatt.trainers.config import TrainerConfig
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets, hf_units
 from yatt.trainers.packing import model_inputs, shared_prompts
@@ -489,6 +489,13 @@ class MegatronTrainer:
         model.load_state_dict(weights, strict=False)
         model.save_pretrained(str(folder))
         tokenizer.save_pretrained(str(folder))
+
+    def save_adapter(self, folder: str | Path, state: dict[str, Any] | None = None) -> None:
+        """No adapters (its registry entry says why not: yatt.trainers.megatron_config)."""
+
+    def reference(self) -> None:
+        """None: the reference is a frozen copy."""
+        return None
 
     # ---- checkpoint state --------------------------------------------------------------------------------
     def _optimizers(self) -> list:

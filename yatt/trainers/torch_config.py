@@ -29,6 +29,22 @@ class TorchConfig(BaseModel):
         description="Recompute each decoder layer in backward instead of keeping its activations: less memory, "
         "~1/3 more compute.",
     )
+    parallel: Literal["ddp", "fsdp2"] = Field(
+        "ddp",
+        description="How the ranks hold the model (yatt.trainers.sharding). ddp: a whole copy each (~16 bytes a "
+        "parameter with AdamW in float32). fsdp2: a 1/N shard each of every weight, gradient and optimizer moment "
+        "(torch's fully_shard, per decoder layer), gathered layer by layer for forward and backward.",
+    )
+    reshard_after_forward: bool = Field(
+        True,
+        description="fsdp2: free each decoder layer's gathered weights after its forward and gather them again "
+        "for backward (less memory); false: keep them until backward (less communication).",
+    )
+    cpu_offload: bool = Field(
+        False,
+        description="fsdp2 on GPUs: keep the shards and optimizer state in host memory, copied in for each layer "
+        "(torch's CPUOffloadPolicy); an error on CPU.",
+    )
     autocast: Literal["none", "bfloat16"] = Field(
         "none",
         description="Run forward/backward under bfloat16 autocast (weights stay trainer.dtype); fast on GPUs and on "

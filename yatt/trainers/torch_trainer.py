@@ -25,16 +25,19 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
-from yatt.checkpoint.export import ADAPTER_DIR, export_hf
-from yatt.config import TrainerConfig
+from yatt.checkpoint.export import export_hf
 from yatt.distributed import World
 from yatt.models.lora_config import LoRAConfig
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_buckets
-from yatt.trainers.lora import AdapterOff, Adapters
+from yatt.trainers.base import Trainer
+from yatt.trainers.config import TrainerConfig
+from yatt.trainers.lora import Adapters
 from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer, image_slots
+from yatt.trainers.sharding import full, fully_shard_model, like, local
 from yatt.trainers.torch_config import TorchConfig
+from yatt.trainers.weights import HOLDS, FullWeights, Weights
 
 HEADS = ("lm", "value")
 
@@ -110,21 +113,30 @@ class TorchTrainer:
             if self.packed
             else {}
         )
-        # the model chain: load -> freeze -> adapters -> checkpointing -> data parallel -> optimizer
+        # the model chain: load -> freeze -> weights (all, or LoRA's) -> checkpointing -> ddp or fsdp2 -> optimizer
         self.module = load_module(model_path, head, DTYPES[cfg.dtype], **extra).to(world.device)
         self.frozen = freeze_vision_tower(self.module) if self.vision and freeze_vision else set()
-        self.lora = self._adapters(lora) if lora is not None and lora.enabled and trainable else None
+        self.weights = self._weights(lora if trainable else None)
         self.scorer = TokenScorer(self.module, own.logprob_chunk_tokens) if head == "lm" else ValueScorer(self.module)
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
-        if not trainable:
+        # fsdp2: each rank a shard of every weight (yatt.trainers.sharding); a frozen reference too
+        self.sharded = own.parallel == "fsdp2" and world.grouped
+        self.replicated = not self.sharded
+        if trainable:
+            self.module.train()
+        else:
             self.module.eval().requires_grad_(False)
-            return
-        self.module.train()
-        if own.activation_checkpointing:  # recompute each decoder layer in backward instead of storing it
+        if trainable and own.activation_checkpointing:  # recompute each decoder layer in backward, not store it
             self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if world.grouped:  # also a one-GPU torchrun run: its gradients then go through NCCL like any other
+        if self.sharded:
+            if not isinstance(self.weights, FullWeights):
+                raise ValueError("model.lora with trainer.torch.parallel=fsdp2 is not supported yet; use parallel=ddp")
+            fully_shard_model(self.module, self.scorer, world, own)
+        if not trainable:
+            return
+        if world.grouped and not self.sharded:  # also one-GPU torchrun: its gradients go through NCCL like any other
             device_ids = [world.local_rank] if world.device.type == "cuda" else None
             # gradients as views into DDP's all-reduce buckets: one copy of the gradients, not two
             # buffers (e.g. rotary frequencies) never change: no sync before every forward
@@ -132,27 +144,24 @@ class TorchTrainer:
                 self.scorer, device_ids=device_ids, gradient_as_bucket_view=True, forward_sync_buffers=False
             )
         self.optimizer = torch.optim.AdamW(
-            self.lora.parameters() if self.lora else [p for p in self.module.parameters() if p.requires_grad],
-            lr=cfg.lr,
-            betas=cfg.betas,
-            weight_decay=cfg.weight_decay,
+            self.weights.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda step: lr_factor(step, cfg, total_steps)
         )
 
-    def _adapters(self, lora: LoRAConfig) -> Adapters:
-        """model.lora: peft adapters in place of training the weights (yatt.trainers.lora)."""
+    def _weights(self, lora: LoRAConfig | None) -> Weights:
+        """What trains (yatt.trainers.weights): every weight, or model.lora's peft adapters (yatt.trainers.lora)."""
+        if lora is None or not lora.enabled:
+            return FullWeights(self.module, self.frozen)
         if self.head != "lm" or self.vision:
             what = "a value model" if self.head != "lm" else "a vision-language policy"
             raise ValueError(f"model.lora: LoRA on {what} is not supported yet")
         return Adapters(self.module, lora)
 
-    def reference(self) -> AdapterOff:
-        """The reference model of a LoRA policy: this trainer with its adapter switched off (no second copy)."""
-        if self.lora is None:
-            raise ValueError("reference(): only a LoRA policy is its own reference; load the model frozen instead")
-        return AdapterOff(self)
+    def reference(self) -> Trainer | None:
+        """A frozen reference for free (LoRA: this trainer with its adapter off, no second copy), or None."""
+        return self.weights.reference(self)
 
     def micro_batches(self, batch: TokenBatch) -> list[list[int]]:
         """Row indices per micro-batch: at most micro_batch_size rows and micro_batch_tokens tokens (the packed
@@ -200,7 +209,11 @@ class TorchTrainer:
     def _per_token(self, batch: TokenBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         """The scorer's per-token outputs (log-probs or values, and entropies) over micro-batches, on CPU."""
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
-        for rows in self.micro_batches(batch):
+        micro = self.micro_batches(batch)
+        if self.sharded:  # every forward gathers weights with the other ranks: run as many as the busiest rank
+            for _ in range(int(self.world.max([float(len(micro))])[0]) - len(micro)):
+                self._token_outputs(self.scorer, TokenBatch.from_sequences([[0]], [[0]], pad_id=0), False)
+        for rows in micro:
             mb = batch.select(rows).to(self.world.device)
             # the bare scorer: no DDP hooks for a forward without backward
             logp, ent = self._token_outputs(self.scorer, mb, with_entropy)
@@ -236,9 +249,10 @@ class TorchTrainer:
                 loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_([p for p in self.module.parameters() if p.requires_grad], self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(
+            [p for p in self.module.parameters() if p.requires_grad], self.cfg.grad_clip
         )
+        grad_norm = float(full(norm))  # fsdp2: the norm over every rank's shards
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -260,9 +274,12 @@ class TorchTrainer:
         return loss
 
     def _state_tensors(self) -> list[Tensor]:
-        tensors = [p.data for p in self.module.parameters()]
+        """This rank's weights and optimizer state (its shards with fsdp2)."""
+        tensors = [local(p.data) for p in self.module.parameters()]
         if self.optimizer is not None:
-            tensors += [t for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+            tensors += [
+                local(t) for state in self.optimizer.state.values() for t in state.values() if torch.is_tensor(t)
+            ]
         return tensors
 
     def offload(self) -> dict:
@@ -293,77 +310,72 @@ class TorchTrainer:
                         state[k] = v.to(device, non_blocking=True)
 
     def named_weights(self) -> NamedTensors:
-        """Parameters under their Hugging Face names, detached (tied weights once); with LoRA the policy's
-        weights: the adapted layers merged (new tensors), the rest the frozen base."""
-        if self.lora:
-            return list(self.lora.hf_weights().items())
-        return [(name, p.detach()) for name, p in self.module.named_parameters()]
+        """The policy under its Hugging Face names (tied weights once): the parameters, detached; with LoRA the
+        adapted layers merged (new tensors)."""
+        return list(self.weights.named_weights())
 
     def engine_weights(self, bucket_bytes: int) -> Iterator[NamedTensors]:
-        """What engines must reload: every weight but the frozen ones (they never change); with LoRA the merged
-        adapted modules or the adapters alone (model.lora.sync, yatt.trainers.lora)."""
-        if self.lora:
-            return weight_buckets(self.lora.engine_weights(), bucket_bytes)
-        return weight_buckets([(n, t) for n, t in self.named_weights() if n not in self.frozen], bucket_bytes)
+        """What engines must reload (yatt.trainers.weights): every weight but the frozen ones; with LoRA the merged
+        adapted modules or the adapters alone (model.lora.sync)."""
+        return weight_buckets(self.weights.engine_weights(), bucket_bytes)
 
     def state_dict(self) -> dict:
-        """Live references (no copies) to what resuming needs: weights under HF names (with LoRA the adapters
-        alone, under "adapter": the base is model.path's), AdamW state, the lr schedule's position. Tied weights
-        appear once, as in named_parameters()."""
-        weights = {"adapter": self.lora.state()} if self.lora else {"model": dict(self.named_weights())}
-        state: dict = {**weights, "optimizer_steps": self.optimizer_steps}
+        """Live references (no copies) to what resuming needs: the weights' piece under its key ("model": under
+        HF names, tied weights once; "adapter": LoRA's alone, the base is model.path's), AdamW state, the lr
+        schedule's position."""
+        state: dict = {self.weights.key: self.weights.state(), "optimizer_steps": self.optimizer_steps}
         if self.trainable:
-            state.update(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict())
+            optimizer = self.optimizer.state_dict()  # fsdp2: this rank's shards of the moments
+            optimizer["state"] = {i: {k: local(v) for k, v in st.items()} for i, st in optimizer["state"].items()}
+            state.update(optimizer=optimizer, scheduler=self.scheduler.state_dict())
         return state
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        if ("adapter" in state) != bool(self.lora):
-            saved, now = ("LoRA adapters" if "adapter" in state else "all weights"), ("on" if self.lora else "off")
-            raise ValueError(f"the checkpoint holds {saved}, but model.lora is {now}")
-        if self.lora:
-            self.lora.load_state(state["adapter"])
-        else:
-            params = dict(self.module.named_parameters())
-            if set(params) != set(state["model"]):
-                missing, extra = sorted(set(params) - set(state["model"])), sorted(set(state["model"]) - set(params))
-                raise ValueError(
-                    f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {extra[:5]}"
-                )
-            for name, p in params.items():
-                p.copy_(state["model"][name])
+        if self.weights.key not in state:
+            saved = next((HOLDS[k] for k in HOLDS if k in state), "no weights")
+            raise ValueError(f"the checkpoint holds {saved}, but this policy trains {HOLDS[self.weights.key]} "
+                             "(model.lora)")  # fmt: skip
+        self.weights.load_state(state[self.weights.key])
         self.optimizer_steps = state["optimizer_steps"]
         if self.trainable:
             self.optimizer.load_state_dict(state["optimizer"])
+            for p, st in self.optimizer.state.items():  # fsdp2: each moment's shard sharded as its parameter
+                for k, v in st.items():
+                    if torch.is_tensor(v) and k != "step":
+                        st[k] = like(p, v)
             self.scheduler.load_state_dict(state["scheduler"])
 
     def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]:
-        if self.lora:  # the snapshot's adapters merged into the (never changing) base
-            return self.lora.hf_weights(state["adapter"])
-        return dict(state["model"])
+        """A snapshot's policy under HF names (with LoRA its adapters merged into the never changing base)."""
+        return self.weights.hf_weights(state[self.weights.key])
 
     def save_adapter(self, folder: str | Path, state: dict[str, Any] | None = None) -> None:
         """LoRA: peft's adapter folder of a snapshot's `state` (None: the live adapters); nothing without LoRA."""
-        if self.lora:
-            self.lora.save_adapter(folder, None if state is None else state["adapter"])
+        self.weights.save_adapter(folder, None if state is None else state[self.weights.key])
 
     def gather_hf_weights(self) -> dict[str, Tensor] | None:
         """Every rank holds the whole policy: a host copy of it on rank 0, None elsewhere."""
-        if not self.world.is_main:
+        if self.replicated and not self.world.is_main:
             return None
-        return {k: torch.empty(v.shape, dtype=v.dtype).copy_(v) for k, v in self.named_weights()}
+        weights = {}
+        for k, v in self.weights.named_weights():  # fsdp2: a gather per parameter, on every rank
+            if self.world.is_main:
+                weights[k] = torch.empty(v.shape, dtype=v.dtype).copy_(v)
+        return weights if self.world.is_main else None
 
     @property
     def hf_config(self) -> Any:
         return self.module.config
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
-        """The policy as a Hugging Face folder; with LoRA the merged weights, and the adapter in its adapter/."""
-        if self.lora:  # what save_pretrained writes, with the merged weights
-            export_hf(Path(folder), dict(self.named_weights()), self.module.config, tokenizer)
+        """The policy as a Hugging Face folder (with LoRA its layers merged, and its adapter in adapter/); with
+        fsdp2 a collective, gathered and written by rank 0."""
+        if self.replicated:
+            self.weights.save_hf(folder, tokenizer)
+            return
+        weights = self.gather_hf_weights()
+        if weights is not None:
+            export_hf(Path(folder), weights, self.module.config, tokenizer)
             if self.module.can_generate():
                 self.module.generation_config.save_pretrained(str(folder))
-            self.save_adapter(Path(folder) / ADAPTER_DIR)
-            return
-        self.module.save_pretrained(str(folder))
-        tokenizer.save_pretrained(str(folder))
