@@ -1,6 +1,6 @@
 """The composition matrix: yatt's features run together, pairwise. Seven dimensions (trainer backend, placement,
-reward, balancing, HF export in checkpoints, algorithm, dynamic sampling) would make 288 runs; every pair of values
-of every two dimensions appears in at least one of the 9 combinations below, so a bug that needs two features
+reward, balancing, HF export in checkpoints, algorithm, dynamic sampling) would make 384 runs; every pair of values
+of every two dimensions appears in at least one of the 12 combinations below, so a bug that needs two features
 at once to show (the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny
 models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
 leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial
@@ -33,7 +33,7 @@ from yatt.models.tiny import write_tiny_model
 
 
 class Combination(NamedTuple):
-    backend: str  # torch | tp2 (megatron tensor_parallel=2) | pp2 (megatron pipeline_parallel=2)
+    backend: str  # torch (DDP) | fsdp2 (torch, trainer.torch.parallel) | tp2 | pp2 (megatron tensor/pipeline=2)
     placement: str  # full | partial
     reward: str  # rule (no judge) | genrm (the judge alone) | mixed (genrm_with_rule)
     balance: bool
@@ -48,7 +48,7 @@ class Combination(NamedTuple):
 
 
 DIMENSIONS = {
-    "backend": ("torch", "tp2", "pp2"),
+    "backend": ("torch", "fsdp2", "tp2", "pp2"),
     "placement": ("full", "partial"),
     "reward": ("rule", "genrm", "mixed"),
     "balance": (True, False),
@@ -76,6 +76,9 @@ COMBINATIONS = [
     Combination("torch", "full", "genrm", False, False, "ppo", False),
     Combination("pp2", "full", "rule", True, True, "ppo", True),
     Combination("tp2", "partial", "mixed", False, True, "ppo", False),
+    Combination("fsdp2", "partial", "genrm", True, True, "ppo", False),
+    Combination("fsdp2", "full", "rule", False, False, "grpo", True),
+    Combination("fsdp2", "partial", "mixed", False, True, "grpo", True),
 ]
 # none: 9-36 s each, the whole module ~4 min on 2 shared CPU cores (the resume test ~1 min), within its budget
 SLOW: set[Combination] = set()
@@ -112,6 +115,7 @@ critic: {lr: 0.01, warmup_steps: 1}
 """
 BACKENDS = {
     "torch": [],
+    "fsdp2": ["trainer.torch.parallel=fsdp2"],
     "tp2": ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=2"],
     "pp2": ["trainer.backend=megatron", "trainer.megatron.pipeline_parallel=2"],
 }
@@ -256,7 +260,9 @@ def params(combinations: list[Combination]) -> list:
     megatron = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")
     return [
         pytest.param(
-            c, id=c.id, marks=[*([pytest.mark.slow] if c in SLOW else []), *([megatron] * (c.backend != "torch"))]
+            c,
+            id=c.id,
+            marks=[*([pytest.mark.slow] if c in SLOW else []), *([megatron] * (c.backend in ("tp2", "pp2")))],
         )
         for c in combinations
     ]

@@ -17,6 +17,7 @@ from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.tensors import TokenBatch
 from yatt.trainers.torch_config import TorchConfig
 from yatt.trainers.torch_trainer import TorchTrainer
+from yatt.transport.codec import encode
 
 TINY = TinyModelConfig(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
@@ -59,6 +60,11 @@ def fsdp2_body(world, folder: str, batch, denominators: tuple, out: str) -> dict
     first = TorchTrainer(folder, cfg, world, total_steps=4)
     local = {n: p.to_local().numel() for n, p in first.module.named_parameters()}
     logp, _ = first.logprobs(mine)
+    # a step that does not train the policy (a critic's warm-up) still syncs the engines: the passes without
+    # backward must leave every weight sharded again, or the next backward fails to free them
+    for bucket in first.engine_weights(1 << 14):  # encoded for the wire, as a weight sync sends them
+        encode({"weights": dict(bucket)}, b"k" * 32)
+    first.logprobs(mine)
     stats = [first.train_mini_batch(mine, loss)]
     state = first.state_dict()
     saved = {k: v.clone() for k, v in state["model"].items()}

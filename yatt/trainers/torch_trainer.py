@@ -1,8 +1,10 @@
-"""The `torch` training backend: a Hugging Face causal LM (or, head="value", a value model), DDP across ranks,
-AdamW, micro-batches.
+"""The `torch` training backend: a Hugging Face causal LM (or, head="value", a value model), DDP or FSDP2 across
+ranks, AdamW, micro-batches.
 
-Implements `yatt.trainers.base.Trainer`. Every rank holds the whole model and optimizer state (DDP keeps
-them identical), so checkpoints store them once and weights go to engines from the local copy.
+Implements `yatt.trainers.base.Trainer`. With DDP every rank holds the whole model and optimizer state (DDP keeps
+them identical), so checkpoints store them once and weights go to engines from the local copy; with FSDP2
+(trainer.torch.parallel, yatt.trainers.sharding) each rank holds a shard, checkpoints its own, and weights leave
+gathered one at a time.
 
 A vision-language policy (yatt.models.vision) packs like a text one: its micro-batches carry each distinct
 image prompt's pixels once (TokenBatch.pixels, .image_index), the vision tower encodes each of them once per
@@ -86,7 +88,7 @@ class TorchTrainer:
     response token out; with head="value" through a `ValueScorer`, one value per response token out.
     """
 
-    replicated = True
+    replicated = True  # DDP; an fsdp2 instance sets its own (False)
     # its own section, trainer.torch; a subclass plugged in by import path inherits it (or declares its own)
     section, config = "torch", TorchConfig
 
@@ -221,6 +223,8 @@ class TorchTrainer:
             logps[rows, width] = logp.cpu()
             if with_entropy:
                 ents[rows, width] = ent.cpu()
+        if self.sharded:  # no backward frees the root's gathered weights (FSDP2 keeps a root's for its backward)
+            self.scorer.reshard()
         return logps, ents
 
     def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
