@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from yatt.backends import BackendChoice  # noqa: E402
-from yatt.config import ExperimentConfig  # noqa: E402
+from yatt.config import ExperimentConfig
+from yatt.refusals import REFUSALS  # noqa: E402
 
 OUT = ROOT / "docs" / "config.md"
 HEADER = """# Config reference
@@ -123,7 +124,20 @@ def render() -> str:
     for name, field in ExperimentConfig.model_fields.items():
         for sub in _models(field.annotation):
             render_section(sub, name, out, seen)
+    render_refusals(out)
     return "\n".join(out) + "\n"
+
+
+def render_refusals(out: list[str]) -> None:
+    """The table of yatt.refusals: every combination yatt refuses, and when it is found."""
+    out += ["", "## Refused combinations", "",
+            "Every combination yatt refuses (`yatt/refusals.py`), found before any rank starts: at validation, or, "
+            "where it needs the ranks launched or a model folder's config.json, by the launcher's checks "
+            "(`yatt/preflight.py`). The error is one line naming the fields.", "",
+            "| settings | why | found |", "|---|---|---|"]  # fmt: skip
+    for r in REFUSALS:
+        when = "launch (ranks, model folder)" if r.launch else "validation"
+        out.append(f"| {_one_line(r.fields).replace('|', '/')} | {_one_line(r.why)} | {when} |")
 
 
 def main() -> int:

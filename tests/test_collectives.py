@@ -201,7 +201,7 @@ ALLOWED_DIST = {"is_initialized", "is_available"}
 DDP_OWNERS = {"yatt/trainers"}  # DDP (NCCL on the device) is the trainer's business
 # the megatron backend's model-parallel collectives (TP shards, PP stages, over megatron's own groups, with
 # tensors on the device) are the trainer's business as DDP is
-MODEL_PARALLEL_OWNERS = {"yatt/trainers/megatron_"}
+MODEL_PARALLEL_OWNERS = {"yatt/trainers/megatron_", "yatt/trainers/sharding.py"}  # and FSDP2's gathers (DTensor)
 # --nproc runs torchrun's agent (torch.distributed.launcher / elastic): it starts the ranks, it issues no collective
 LAUNCHER = "yatt/launcher.py"
 

@@ -148,6 +148,33 @@ def test_impossible_combinations(tmp_path, model_dir):
         check_run(load_experiment(path, ["rollout.engine.cores=[4096]"]), 2, str(path))
 
 
+def test_refusals_new_to_the_table_are_found_before_any_rank_starts(tmp_path, model_dir):
+    """yatt.refusals: what used to surface inside the ranks (at the first step, the first generation or the trainer's
+    build) is now refused by validation or by the launcher's checks, in one line naming the fields."""
+    import json
+    import shutil
+
+    from yatt.models.tiny_vl import write_tiny_vl_model
+
+    path = write_config(tmp_path, model_dir)
+    with pytest.raises(ConfigError, match=r"algorithm.advantage.k=9 must be between 1 and rollout.group_size=8"):
+        load_experiment(path, ["algorithm.advantage.kind=grpo_passk", "algorithm.advantage.k=9"])
+    with pytest.raises(ConfigError, match="model.lora with trainer.torch.parallel=fsdp2 is not supported yet"):
+        load_experiment(path, ["model.lora.rank=4", "trainer.torch.parallel=fsdp2"])
+    vl = write_tiny_vl_model(tmp_path / "vl")
+    agent = ["rollout.agent.kind=tool_loop", "rollout.agent.tools={c: {kind: calculator}}", f"model.path={vl}"]
+    with pytest.raises(ConfigError, match="agent loops take text prompts only, and model.path is a vision-language"):
+        check_run(load_experiment(path, agent), 2, str(path))
+    gemma = tmp_path / "gemma"
+    shutil.copytree(model_dir, gemma)
+    config = json.loads((gemma / "config.json").read_text())
+    (gemma / "config.json").write_text(json.dumps({**config, "model_type": "gemma"}))
+    megatron = ["trainer.backend=megatron", f"model.path={gemma}"]
+    with pytest.raises(ConfigError, match="the megatron backend maps qwen2, llama models, not gemma"):
+        check_run(load_experiment(path, megatron), 2, str(path))
+    check_run(load_experiment(path, ["trainer.backend=megatron"]), 2, str(path))  # the tiny qwen2 maps
+
+
 def test_a_backend_section_is_its_backends_own(tmp_path, model_dir):
     """trainer.torch, trainer.megatron and rollout.engine.vllm are validated by their backend's class when it is
     selected, and are errors naming it when it is not; null drops one (how an override switches the backend)."""

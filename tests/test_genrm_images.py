@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from yatt.config import JudgeConfig, load_experiment
+from yatt.config import load_experiment
 from yatt.config_loading import ConfigError
 from yatt.controllers.generation import JudgeLane, generate_and_judge
 from yatt.controllers.images import load_batch_images
@@ -16,6 +16,7 @@ from yatt.engines.base import SamplingSpec
 from yatt.engines.client import spawn_engine
 from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
+from yatt.genrm.config import JudgeConfig
 from yatt.genrm.judge import Judge
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 from yatt.models.tiny_vl import write_tiny_vl_model

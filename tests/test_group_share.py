@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 from transformers import AutoTokenizer
 
-from yatt.config import JudgeConfig
 from yatt.controllers.generation import GenerationStats, GroupShare, JudgeLane, generate_and_judge
 from yatt.data.rows import PromptRow
 from yatt.distributed import World
 from yatt.engines.base import Completion, SamplingSpec
+from yatt.genrm.config import JudgeConfig
 from yatt.genrm.judge import Judge
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
 

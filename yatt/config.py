@@ -31,6 +31,7 @@ from yatt.engines.config import EngineConfig
 from yatt.genrm.config import RewardConfig
 from yatt.models.lora_config import LoRAConfig
 from yatt.placement.config import PlacementConfig
+from yatt.refusals import config_refusals
 from yatt.trainers.config import TrainerConfig
 from yatt.trainers.critic_config import CriticConfig
 
@@ -160,111 +161,9 @@ class ExperimentConfig(Section):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> ExperimentConfig:
-        self._check_lora()
-        if self.rollout.schedule.mode != "sync":
-            mode = self.rollout.schedule.mode
-            if self.rollout.sync_every != 1:
-                raise ValueError(
-                    f"rollout.schedule.mode={mode} decides which weights each batch is generated with; "
-                    "rollout.sync_every must be 1"
-                )
-        elif self.rollout.schedule.in_flight == "resume":
-            raise ValueError(
-                "rollout.schedule.in_flight=resume: the sync schedule never pushes while requests are in flight; "
-                "use mode=one_step_off or async"
-            )
-        if self.placement.mode == "partial" and not self.reward.judges:
-            raise ValueError(
-                "placement.mode=partial splits devices between rollout and a generative reward "
-                "model, but reward.judges is empty; use placement.mode=full or add a judge"
-            )
-        advantage = self.algorithm.advantage.kind
-        if ADVANTAGES.get(advantage).needs_groups:
-            if self.rollout.group_size < 2:
-                raise ValueError(
-                    f"rollout.group_size must be >= 2 for {advantage} (advantages are relative to the group)"
-                )
-            if self.balance.keep_groups is False:
-                raise ValueError(
-                    f"balance.keep_groups=false would split groups across ranks, but {advantage} "
-                    "advantages need whole groups on one rank"
-                )
-        if ADVANTAGES.get(advantage).needs_greedy_baseline and self.reward.kind != "rule":
-            raise ValueError(
-                f"{advantage} scores its greedy baseline responses with the rule verifier; it needs "
-                f"reward.kind=rule, not {self.reward.kind}"
-            )
-        if ADVANTAGES.get(advantage).needs_values and self.critic.enabled is False:
-            raise ValueError(
-                f"algorithm.advantage.kind={advantage} reads a critic's values, but critic.enabled "
-                "is false; set it to true or null"
-            )
-        if self.uses_critic and self.critic.warmup_steps >= self.run.steps:
-            raise ValueError(
-                f"critic.warmup_steps={self.critic.warmup_steps} would leave no step of run.steps="
-                f"{self.run.steps} in which the policy trains"
-            )
-        if self.data.prompts_per_step % self.algorithm.mini_batches:
-            raise ValueError(
-                f"data.prompts_per_step={self.data.prompts_per_step} is not divisible by "
-                f"algorithm.mini_batches={self.algorithm.mini_batches}"
-            )
-        every = self.rollout.sync_every
-        if every > 1 and self.checkpoint.every % every:
-            raise ValueError(
-                f"checkpoint.every={self.checkpoint.every} must be a multiple of "
-                f"rollout.sync_every={every}: a resumed run pushes the checkpointed policy to the "
-                "engines, which is only what they held at a sync step"
-            )
-        limit = self.rollout.engine.max_model_len
-        if limit is not None and self.rollout_tokens > limit:
-            what = (
-                "rollout.agent.max_trajectory_tokens"
-                if self.rollout.multi_turn
-                else "data.max_prompt_tokens + rollout.max_new_tokens"
-            )
-            raise ValueError(f"{what} = {self.rollout_tokens} exceeds rollout.engine.max_model_len={limit}")
-        if self.rollout.multi_turn:
-            self._check_agent()
+        """The combinations yatt refuses that the config alone decides: the table of yatt.refusals."""
+        config_refusals(self)
         return self
-
-    def _check_lora(self) -> None:
-        """model.lora against the trainer and engine backends: each declares what it can (yatt.backends)."""
-        lora = self.model.lora
-        if not lora.enabled:
-            return
-        trainer = getattr(self.trainer.backend_entry, "lora", False)
-        if trainer is not True:
-            why = trainer or "it does not declare lora = True (yatt.backends)"
-            raise ValueError(
-                f"model.lora.rank={lora.rank}: trainer.backend={self.trainer.backend} does not train LoRA adapters "
-                f"yet: {why}; use trainer.backend=torch or model.lora.rank=0"
-            )
-        engine = self.rollout.engine
-        if lora.sync == "adapter" and not getattr(engine.backend_entry, "adapters", False):
-            raise ValueError(
-                f"model.lora.sync=adapter: rollout.engine.backend={engine.backend} does not take LoRA adapters (it "
-                "does not declare adapters = True, yatt.backends); use model.lora.sync=merged"
-            )
-        if lora.sync == "adapter" and engine.max_lora_rank is not None and engine.max_lora_rank < lora.rank:
-            raise ValueError(
-                f"rollout.engine.max_lora_rank={engine.max_lora_rank} is below model.lora.rank={lora.rank}; "
-                "raise it or leave it unset (the run sets it to model.lora.rank)"
-            )
-
-    def _check_agent(self) -> None:
-        """What an agent loop (rollout.agent.kind other than single_turn) does not compose with."""
-        kind, cap = self.rollout.agent.kind, self.rollout.agent.max_trajectory_tokens
-        if cap <= self.data.max_prompt_tokens:
-            raise ValueError(
-                f"rollout.agent.max_trajectory_tokens={cap} leaves no room for a response after "
-                f"data.max_prompt_tokens={self.data.max_prompt_tokens}"
-            )
-        if self.rollout.schedule.in_flight == "resume":
-            raise ValueError(
-                f"rollout.agent.kind={kind} with rollout.schedule.in_flight=resume is not implemented (a "
-                "conversation's turns are separate requests whose per-token versions are not kept); use finish"
-            )
 
     @property
     def uses_critic(self) -> bool:

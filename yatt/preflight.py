@@ -16,6 +16,7 @@ from pathlib import Path
 from yatt.config import ExperimentConfig
 from yatt.config_loading import ConfigError
 from yatt.genrm.template import template_fields
+from yatt.refusals import launch_refusals
 
 
 def check_cores(cfg: ExperimentConfig, source: str) -> None:
@@ -69,25 +70,9 @@ BUILT_BY = {
 def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     """What the config alone cannot tell: rules on the number of ranks launched, and the files it names
     (read here, where the run starts, never during validation). Raises ConfigError naming the field."""
-    p = cfg.placement
-    if p.mode == "partial" and world_size < p.min_rollout_devices + p.min_genrm_devices:
-        raise ConfigError(
-            f"{source}: placement.mode=partial needs at least "
-            f"{p.min_rollout_devices + p.min_genrm_devices} devices (min_rollout_devices + "
-            f"min_genrm_devices), but {world_size} were launched"
-        )
     check_backends(cfg, world_size, source)
     check_gpus(cfg, source)
     check_cores(cfg, source)
-    tp, pp = cfg.trainer.model_parallel
-    data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
-    per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
-    if rest or per_rank % cfg.algorithm.mini_batches:
-        raise ConfigError(
-            f"{source}: data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over "
-            f"{data_ranks} data-parallel ranks and then into algorithm.mini_batches="
-            f"{cfg.algorithm.mini_batches}"
-        )
     folders = {
         "model.path": cfg.model.path,
         **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges},
@@ -151,8 +136,8 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     ]
     for setting, package, extra in missing:
         raise ConfigError(f"{source}: {setting} needs the {package} package: pip install 'yatt[{extra}]'")
-    if cfg.model.lora.enabled and "vision_config" in json.loads((cfg.model.path / "config.json").read_text()):
-        raise ConfigError(f"{source}: model.lora: LoRA on a vision-language policy is not supported yet")
+    if why := launch_refusals(cfg, world_size):  # the combinations refused with the ranks or model folders known
+        raise ConfigError(f"{source}: {why}")
     positions = model_positions(cfg.model.path)
     if positions and cfg.rollout_tokens > positions:
         what = (

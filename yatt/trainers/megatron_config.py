@@ -47,6 +47,35 @@ class MegatronConfig(BaseModel):
         return self.tensor_parallel, self.pipeline_parallel
 
 
+SUPPORTED = ("qwen2", "llama")  # the model types yatt.trainers.megatron_model maps
+
+
+def model_refusal(config: dict, tp: int, pp: int) -> str | None:
+    """Why the megatron backend cannot train a model (its config.json as a dict, a VL model's text_config), or
+    None: read before any rank starts (yatt.refusals) and again when the model is built (megatron_model)."""
+    hf = config.get("text_config") or config if "vision_config" in config else config
+    kind = hf.get("model_type")
+    if kind not in SUPPORTED:
+        return f"the megatron backend maps {', '.join(SUPPORTED)} models, not {kind}"
+    if hf.get("use_sliding_window") or hf.get("mlp_bias"):
+        return "sliding-window attention and MLP biases are not mapped to megatron-core"
+    if (act := hf.get("hidden_act", "silu")) != "silu":
+        return f"hidden_act {act} is not mapped (SwiGLU only)"
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if (scaling := rope.get("rope_type", rope.get("type", "default"))) != "default":
+        return f"rope scaling {scaling!r} is not mapped to megatron-core"
+    heads = hf.get("num_attention_heads", 1)
+    for what, count in (
+        ("num_key_value_heads", hf.get("num_key_value_heads") or heads),
+        ("num_attention_heads", heads),
+    ):
+        if count % tp:
+            return f"{what}={count} does not split over tensor_parallel={tp}"
+    if (layers := hf.get("num_hidden_layers", 1)) % pp:
+        return f"num_hidden_layers={layers} does not split over pipeline_parallel={pp}"
+    return None
+
+
 def preflight(trainer: TrainerConfig, world_size: int) -> None:
     """What megatron needs of the launch (ValueError naming the fields)."""
     tp, pp = trainer.model_parallel

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-SUPPORTED = ("qwen2", "llama")
+from yatt.trainers.megatron_config import model_refusal
 
 # per-layer names: HF suffix -> megatron suffix (the fused ones are handled apart)
 _LAYER_PLAIN = {
@@ -75,21 +75,10 @@ def qkv_bias(hf: Any) -> bool:
 
 
 def check_supported(hf: Any, tp: int, pp: int) -> None:
-    if hf.model_type not in SUPPORTED:
-        raise ValueError(f"the megatron backend maps {', '.join(SUPPORTED)} models, not {hf.model_type}")
-    if getattr(hf, "use_sliding_window", False) or getattr(hf, "mlp_bias", False):
-        raise ValueError("sliding-window attention and MLP biases are not mapped to megatron-core")
-    if hf.hidden_act != "silu":
-        raise ValueError(f"hidden_act {hf.hidden_act} is not mapped (SwiGLU only)")
+    """The rules of yatt.trainers.megatron_config.model_refusal (checked before the ranks start too)."""
+    if why := model_refusal(hf.to_dict(), tp, pp):
+        raise ValueError(why)
     rope_theta(hf)
-    for what, count in (
-        ("num_key_value_heads", hf.num_key_value_heads),
-        ("num_attention_heads", hf.num_attention_heads),
-    ):
-        if count % tp:
-            raise ValueError(f"{what}={count} does not split over tensor_parallel={tp}")
-    if hf.num_hidden_layers % pp:
-        raise ValueError(f"num_hidden_layers={hf.num_hidden_layers} does not split over pipeline_parallel={pp}")
 
 
 def padded_vocab(vocab_size: int, tp: int) -> int:

@@ -1,0 +1,319 @@
+"""Every combination of settings yatt refuses, declared once (`REFUSALS`), with why.
+
+A refusal names the fields it is about and a check that returns the one-line reason (or None). Those that the
+config alone decides run at validation (`ExperimentConfig` calls `config_refusals`); those that need the number
+of ranks launched or a model folder's config.json (read as JSON: no model, no torch) run in `yatt.preflight`
+before any rank starts (`launch_refusals`). scripts/config_docs.py lists the table in docs/config.md. Checks of
+one field alone (a range, a name in a registry) stay on the field; files that must exist stay in
+yatt.preflight.
+
+Lower layers may refuse again where they are used (a trainer given LoRA on a value model): that is their own
+contract, not a second place for the rule.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from yatt.algorithms import ADVANTAGES
+
+Check = Callable[..., str | None]  # config: (cfg); launch: (cfg, world_size)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    fields: str  # the settings involved, as docs/config.md lists them
+    why: str  # one sentence for the docs
+    check: Check
+    launch: bool = False  # needs the ranks launched or a model folder: checked by yatt.preflight
+
+
+def _model_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _vision(folder: Path) -> bool:
+    return "vision_config" in _model_config(folder)
+
+
+def _estimator(cfg: Any) -> Any:
+    return ADVANTAGES.get(cfg.algorithm.advantage.kind)
+
+
+def _ahead_sync_every(cfg: Any) -> str | None:
+    mode = cfg.rollout.schedule.mode
+    if mode != "sync" and cfg.rollout.sync_every != 1:
+        return (
+            f"rollout.schedule.mode={mode} decides which weights each batch is generated with; "
+            "rollout.sync_every must be 1"
+        )
+    return None
+
+
+def _resume_in_sync(cfg: Any) -> str | None:
+    if cfg.rollout.schedule.mode == "sync" and cfg.rollout.schedule.in_flight == "resume":
+        return (
+            "rollout.schedule.in_flight=resume: the sync schedule never pushes while requests are in flight; "
+            "use mode=one_step_off or async"
+        )
+    return None
+
+
+def _partial_without_judge(cfg: Any) -> str | None:
+    if cfg.placement.mode == "partial" and not cfg.reward.judges:
+        return (
+            "placement.mode=partial splits devices between rollout and a generative reward "
+            "model, but reward.judges is empty; use placement.mode=full or add a judge"
+        )
+    return None
+
+
+def _group_of_one(cfg: Any) -> str | None:
+    advantage = cfg.algorithm.advantage.kind
+    if _estimator(cfg).needs_groups and cfg.rollout.group_size < 2:
+        return f"rollout.group_size must be >= 2 for {advantage} (advantages are relative to the group)"
+    return None
+
+
+def _groups_split(cfg: Any) -> str | None:
+    advantage = cfg.algorithm.advantage.kind
+    if _estimator(cfg).needs_groups and cfg.balance.keep_groups is False:
+        return (
+            f"balance.keep_groups=false would split groups across ranks, but {advantage} "
+            "advantages need whole groups on one rank"
+        )
+    return None
+
+
+def _passk_beyond_group(cfg: Any) -> str | None:
+    k = getattr(cfg.algorithm.advantage, "k", None)
+    if cfg.algorithm.advantage.kind == "grpo_passk" and k > cfg.rollout.group_size:
+        return f"algorithm.advantage.k={k} must be between 1 and rollout.group_size={cfg.rollout.group_size}"
+    return None
+
+
+def _greedy_baseline_judged(cfg: Any) -> str | None:
+    advantage = cfg.algorithm.advantage.kind
+    if _estimator(cfg).needs_greedy_baseline and cfg.reward.kind != "rule":
+        return (
+            f"{advantage} scores its greedy baseline responses with the rule verifier; it needs "
+            f"reward.kind=rule, not {cfg.reward.kind}"
+        )
+    return None
+
+
+def _values_without_critic(cfg: Any) -> str | None:
+    advantage = cfg.algorithm.advantage.kind
+    if _estimator(cfg).needs_values and cfg.critic.enabled is False:
+        return (
+            f"algorithm.advantage.kind={advantage} reads a critic's values, but critic.enabled "
+            "is false; set it to true or null"
+        )
+    return None
+
+
+def _critic_warmup_whole_run(cfg: Any) -> str | None:
+    if cfg.uses_critic and cfg.critic.warmup_steps >= cfg.run.steps:
+        return (
+            f"critic.warmup_steps={cfg.critic.warmup_steps} would leave no step of run.steps="
+            f"{cfg.run.steps} in which the policy trains"
+        )
+    return None
+
+
+def _mini_batches_split(cfg: Any) -> str | None:
+    if cfg.data.prompts_per_step % cfg.algorithm.mini_batches:
+        return (
+            f"data.prompts_per_step={cfg.data.prompts_per_step} is not divisible by "
+            f"algorithm.mini_batches={cfg.algorithm.mini_batches}"
+        )
+    return None
+
+
+def _checkpoint_between_syncs(cfg: Any) -> str | None:
+    every = cfg.rollout.sync_every
+    if every > 1 and cfg.checkpoint.every % every:
+        return (
+            f"checkpoint.every={cfg.checkpoint.every} must be a multiple of "
+            f"rollout.sync_every={every}: a resumed run pushes the checkpointed policy to the "
+            "engines, which is only what they held at a sync step"
+        )
+    return None
+
+
+def _engine_too_short(cfg: Any) -> str | None:
+    limit = cfg.rollout.engine.max_model_len
+    if limit is not None and cfg.rollout_tokens > limit:
+        what = (
+            "rollout.agent.max_trajectory_tokens"
+            if cfg.rollout.multi_turn
+            else "data.max_prompt_tokens + rollout.max_new_tokens"
+        )
+        return f"{what} = {cfg.rollout_tokens} exceeds rollout.engine.max_model_len={limit}"
+    return None
+
+
+def _lora_trainer(cfg: Any) -> str | None:
+    lora = cfg.model.lora
+    if not lora.enabled:
+        return None
+    trainer = getattr(cfg.trainer.backend_entry, "lora", False)
+    if trainer is not True:
+        why = trainer or "it does not declare lora = True (yatt.backends)"
+        return (
+            f"model.lora.rank={lora.rank}: trainer.backend={cfg.trainer.backend} does not train LoRA adapters "
+            f"yet: {why}; use trainer.backend=torch or model.lora.rank=0"
+        )
+    if getattr(cfg.trainer.backend_config, "parallel", "ddp") == "fsdp2":
+        return (
+            "model.lora with trainer.torch.parallel=fsdp2 is not supported yet; use parallel=ddp or model.lora.rank=0"
+        )
+    return None
+
+
+def _lora_engine(cfg: Any) -> str | None:
+    lora, engine = cfg.model.lora, cfg.rollout.engine
+    if not (lora.enabled and lora.sync == "adapter"):
+        return None
+    if not getattr(engine.backend_entry, "adapters", False):
+        return (
+            f"model.lora.sync=adapter: rollout.engine.backend={engine.backend} does not take LoRA adapters (it "
+            "does not declare adapters = True, yatt.backends); use model.lora.sync=merged"
+        )
+    if engine.max_lora_rank is not None and engine.max_lora_rank < lora.rank:
+        return (
+            f"rollout.engine.max_lora_rank={engine.max_lora_rank} is below model.lora.rank={lora.rank}; "
+            "raise it or leave it unset (the run sets it to model.lora.rank)"
+        )
+    return None
+
+
+def _agent_no_room(cfg: Any) -> str | None:
+    cap = cfg.rollout.agent.max_trajectory_tokens
+    if cfg.rollout.multi_turn and cap <= cfg.data.max_prompt_tokens:
+        return (
+            f"rollout.agent.max_trajectory_tokens={cap} leaves no room for a response after "
+            f"data.max_prompt_tokens={cfg.data.max_prompt_tokens}"
+        )
+    return None
+
+
+def _agent_resume(cfg: Any) -> str | None:
+    if cfg.rollout.multi_turn and cfg.rollout.schedule.in_flight == "resume":
+        return (
+            f"rollout.agent.kind={cfg.rollout.agent.kind} with rollout.schedule.in_flight=resume is not implemented "
+            "(a conversation's turns are separate requests whose per-token versions are not kept); use finish"
+        )
+    return None
+
+
+# ---- launch: the ranks launched, a model folder's config.json -------------------------------------------------
+def _partial_devices(cfg: Any, world_size: int) -> str | None:
+    p = cfg.placement
+    if p.mode == "partial" and world_size < p.min_rollout_devices + p.min_genrm_devices:
+        return (
+            f"placement.mode=partial needs at least {p.min_rollout_devices + p.min_genrm_devices} devices "
+            f"(min_rollout_devices + min_genrm_devices), but {world_size} were launched"
+        )
+    return None
+
+
+def _prompts_over_ranks(cfg: Any, world_size: int) -> str | None:
+    tp, pp = cfg.trainer.model_parallel
+    data_ranks = world_size // (tp * pp)  # the ranks of one model-parallel group share one data slice
+    per_rank, rest = divmod(cfg.data.prompts_per_step, data_ranks)
+    if rest or per_rank % cfg.algorithm.mini_batches:
+        return (
+            f"data.prompts_per_step={cfg.data.prompts_per_step} must split evenly over {data_ranks} data-parallel "
+            f"ranks and then into algorithm.mini_batches={cfg.algorithm.mini_batches}"
+        )
+    return None
+
+
+def _lora_vision(cfg: Any, world_size: int) -> str | None:
+    if cfg.model.lora.enabled and _vision(cfg.model.path):
+        return "model.lora: LoRA on a vision-language policy is not supported yet"
+    return None
+
+
+def _agent_images(cfg: Any, world_size: int) -> str | None:
+    if cfg.rollout.multi_turn and _vision(cfg.model.path):
+        return (
+            f"rollout.agent.kind={cfg.rollout.agent.kind}: agent loops take text prompts only, and model.path is a "
+            "vision-language policy; use rollout.agent.kind=single_turn"
+        )
+    return None
+
+
+def _megatron_model(cfg: Any, world_size: int) -> str | None:
+    if cfg.trainer.backend != "megatron":
+        return None
+    from yatt.trainers.megatron_config import model_refusal  # light: the section and this check only
+
+    return model_refusal(_model_config(cfg.model.path), *cfg.trainer.model_parallel)
+
+
+REFUSALS: list[Refusal] = [
+    Refusal("rollout.schedule.mode (not sync) + rollout.sync_every > 1",
+            "an ahead schedule decides which weights each batch is generated with", _ahead_sync_every),
+    Refusal("rollout.schedule.in_flight=resume + mode=sync",
+            "the sync schedule never pushes weights while requests are in flight", _resume_in_sync),
+    Refusal("placement.mode=partial + no reward.judges",
+            "partial placement splits the devices between rollout and a judge", _partial_without_judge),
+    Refusal("a group advantage (grpo, rloo, ...) + rollout.group_size < 2",
+            "its advantages are relative to the group", _group_of_one),
+    Refusal("a group advantage + balance.keep_groups=false",
+            "balancing would split a group over ranks", _groups_split),
+    Refusal("algorithm.advantage.kind=grpo_passk + k > rollout.group_size",
+            "pass@k needs k samples of the group", _passk_beyond_group),
+    Refusal("a greedy-baseline advantage (remax) + reward.kind other than rule",
+            "the baseline responses are scored by the rule verifier", _greedy_baseline_judged),
+    Refusal("algorithm.advantage.kind=gae + critic.enabled=false", "GAE reads a critic's values",
+            _values_without_critic),
+    Refusal("critic.warmup_steps >= run.steps", "the policy would never train", _critic_warmup_whole_run),
+    Refusal("data.prompts_per_step not divisible by algorithm.mini_batches",
+            "each mini-batch takes whole prompts", _mini_batches_split),
+    Refusal("rollout.sync_every > 1 + checkpoint.every not a multiple of it",
+            "a resumed run pushes the checkpointed policy, which engines held only at a sync step",
+            _checkpoint_between_syncs),
+    Refusal("rollout.engine.max_model_len < the longest prompt + response (or trajectory)",
+            "the engine could not hold a rollout", _engine_too_short),
+    Refusal("model.lora + a trainer backend without LoRA (megatron), or trainer.torch.parallel=fsdp2",
+            "only the torch backend's DDP trains adapters", _lora_trainer),
+    Refusal("model.lora.sync=adapter + an engine without adapters (hf), or max_lora_rank < rank",
+            "the engine must serve the adapters it is sent", _lora_engine),
+    Refusal("an agent loop + rollout.agent.max_trajectory_tokens <= data.max_prompt_tokens",
+            "no room for a response", _agent_no_room),
+    Refusal("an agent loop + rollout.schedule.in_flight=resume",
+            "a conversation's turns are separate requests whose versions are not kept", _agent_resume),
+    Refusal("placement.mode=partial + fewer ranks than min_rollout_devices + min_genrm_devices",
+            "each role needs its devices", _partial_devices, launch=True),
+    Refusal("data.prompts_per_step not splitting over the data-parallel ranks and mini-batches",
+            "every rank trains the same number of prompts per mini-batch", _prompts_over_ranks, launch=True),
+    Refusal("model.lora + a vision-language policy", "LoRA adapts the text decoder only, not yet a VL policy",
+            _lora_vision, launch=True),
+    Refusal("an agent loop + a vision-language policy (image prompts)", "agent loops take text prompts only",
+            _agent_images, launch=True),
+    Refusal("trainer.backend=megatron + a model type, activation or split it does not map",
+            "the megatron backend maps qwen2 and llama dense folders (config.json)", _megatron_model, launch=True),
+]  # fmt: skip
+
+
+def config_refusals(cfg: Any) -> None:
+    """Raise ValueError with the first refusal the config alone decides (called by validation)."""
+    for refusal in REFUSALS:
+        if not refusal.launch and (why := refusal.check(cfg)):
+            raise ValueError(why)
+
+
+def launch_refusals(cfg: Any, world_size: int) -> str | None:
+    """The first refusal that needs the ranks launched or a model folder (called by yatt.preflight)."""
+    for refusal in REFUSALS:
+        if refusal.launch and (why := refusal.check(cfg, world_size)):
+            return why
+    return None
