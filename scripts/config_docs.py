@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from yatt.backends import BackendChoice  # noqa: E402
-from yatt.config import ExperimentConfig
+from yatt.config import ExperimentConfig  # noqa: E402
 from yatt.refusals import REFUSALS  # noqa: E402
 
 OUT = ROOT / "docs" / "config.md"
