@@ -227,7 +227,7 @@ def test_ppo_gradient_flows():
     assert lp.grad[1, 2] == 0.0 and lp.grad[0, 0] != 0.0
     assert not st["clip_frac"].requires_grad
     assert POLICY_LOSSES.get("ppo_clip") is PPO_CLIP and set(st) == set(PPO_CLIP.stats)
-    with pytest.raises(ValueError, match="registered: gspo, ppo_clip"):
+    with pytest.raises(ValueError, match="registered: cispo, clip_cov, gmpo, gspo, kl_cov, ppo_clip, sapo"):
         POLICY_LOSSES.get("nope")
 
 

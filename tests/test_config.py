@@ -107,7 +107,8 @@ def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_pat
             "unknown algorithm.advantage.kind 'ppo'; registered: gae, gpg, grpo, "
             "grpo_passk, opo, reinforce_pp, reinforce_pp_baseline, remax, rloo"
         ),
-        "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: gspo, ppo_clip",
+        "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: cispo, clip_cov, "
+        "gmpo, gspo, kl_cov, ppo_clip, sapo",
         "algorithm.loss_agg=sum": "unknown algorithm.loss_agg 'sum'",
         "algorithm.kl_estimator=k4": "unknown algorithm.kl_estimator 'k4'; registered: abs, k1, k1+, k2, k3, k3+",
     }

@@ -35,7 +35,16 @@ ADVANTAGES: Registry = Registry(
     },
 )
 POLICY_LOSSES: Registry = Registry(
-    "algorithm.policy_loss.kind", {"ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP", "gspo": "yatt.algorithms.gspo:GSPO"}
+    "algorithm.policy_loss.kind",
+    {
+        "ppo_clip": "yatt.algorithms.ppo_clip:PPO_CLIP",
+        "gspo": "yatt.algorithms.gspo:GSPO",
+        "cispo": "yatt.algorithms.cispo:CISPO",
+        "sapo": "yatt.algorithms.sapo:SAPO",
+        "gmpo": "yatt.algorithms.gmpo:GMPO",
+        "clip_cov": "yatt.algorithms.clip_cov:CLIP_COV",
+        "kl_cov": "yatt.algorithms.kl_cov:KL_COV",
+    },
 )
 
 __all__ = [
