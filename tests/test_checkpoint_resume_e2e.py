@@ -138,6 +138,7 @@ def test_interrupted_and_resumed_run_matches_the_uninterrupted_one(setup, uninte
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # needs the 6-step run; CI: check_compatible's test, relaunches in test_operator_e2e.py
 def test_incompatible_config_is_refused_by_name(setup, uninterrupted):
     tmp, config = setup
     out = finish(launch(tmp, config, "full", "--resume", "auto", "trainer.lr=0.02"))
@@ -145,6 +146,7 @@ def test_incompatible_config_is_refused_by_name(setup, uninterrupted):
     assert "--resume none --overwrite to start this run over" in out, out[-3000:]
 
 
+@pytest.mark.slow  # needs the 6-step run; CI: check_compatible's test, relaunches in test_operator_e2e.py
 def test_rerunning_a_finished_run_reports_it_and_changes_nothing(setup, uninterrupted):
     tmp, config = setup
     before = {p: p.read_bytes() for p in (uninterrupted / "summary.json", uninterrupted / "metrics.jsonl")}

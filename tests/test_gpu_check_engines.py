@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 
 
+@pytest.mark.slow  # CI: engine sleep/wake and weight loads run in tests/test_vllm_engine.py and test_vl_engines.py
 def test_gpu_check_engines_passes(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts/gpu_check_engines.py"), "--out", str(tmp_path)],

@@ -83,12 +83,15 @@ def nodes():
     pair.remove()
 
 
-def node_command(config: Path, master: str, port: int, node_rank: int, *args: str) -> list[str]:
-    """README.md's multi-node command for one node (one rank per node here)."""
+def node_command(config: Path, master: str, local: str, port: int, node_rank: int, *args: str) -> list[str]:
+    """docs/multinode.md's command for one node (one rank per node here). `is_host`: node 0's agent hosts the
+    rendezvous store, and `--local-addr` is the address its ranks reach the store at: torchrun would take both from
+    the machine's hostname, which resolves to no namespace's address."""
     return [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
         "--node-rank", str(node_rank), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{port}",
-        "--rdzv-id", f"yatt-test-{port}", str(REPO / "launch/train.py"), "--config", str(config), *args,
+        "--rdzv-id", f"yatt-test-{port}", "--rdzv-conf", f"is_host={int(node_rank == 0)}", "--local-addr", local,
+        str(REPO / "launch/train.py"), "--config", str(config), *args,
     ]  # fmt: skip
 
 
@@ -98,16 +101,16 @@ def run_two_nodes(nodes: Nodes, config: Path, run_args: list[str], secret: str, 
     run_env = {**env(), "YATT_RUN_SECRET": secret}
     procs = [
         subprocess.Popen(
-            nodes.exec(i, node_command(config, nodes.addresses[0], port, i, *run_args)),
+            nodes.exec(i, node_command(config, nodes.addresses[0], nodes.addresses[i], port, i, *run_args)),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env=run_env,
+            env={**run_env, "GLOO_SOCKET_IFNAME": nodes.links[i]},  # the hostname resolves to no shared interface
             cwd=cwd,
         )
         for i in (0, 1)
     ]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-4000:]
     return outs
