@@ -294,6 +294,8 @@ class TorchTrainer:
         nbytes = sum(t.numel() * t.element_size() for t in self._state_tensors())
         if self.world.device.type == "cpu":
             return {"moved_bytes": 0, "resident_bytes": nbytes, "freed_bytes": 0}
+        if self.sharded:  # moving the module would strand FSDP2's own views of the shards
+            raise ValueError("trainer.torch.parallel=fsdp2 cannot hand its GPU to another role yet (offload)")
         before = torch.cuda.memory_allocated(self.world.device)
         self._move_state(torch.device("cpu"))
         torch.cuda.empty_cache()
