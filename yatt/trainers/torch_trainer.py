@@ -214,7 +214,8 @@ class TorchTrainer:
         micro = self.micro_batches(batch)
         if self.sharded:  # every forward gathers weights with the other ranks: run as many as the busiest rank
             for _ in range(int(self.world.max([float(len(micro))])[0]) - len(micro)):
-                self._token_outputs(self.scorer, TokenBatch.from_sequences([[0]], [[0]], pad_id=0), False)
+                empty = TokenBatch.from_sequences([[0]], [[0]], pad_id=0).to(self.world.device)
+                self._token_outputs(self.scorer, empty, False)
         for rows in micro:
             mb = batch.select(rows).to(self.world.device)
             # the bare scorer: no DDP hooks for a forward without backward
