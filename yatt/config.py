@@ -6,10 +6,11 @@ rollout.engine.backend, algorithm.advantage.kind, algorithm.policy_loss.kind) is
 registry, so the allowed values are whatever is registered, or an import path 'pkg.module:attr' to a plug-in
 (imported when checked; see docs/extending.md). A trainer or engine backend's own settings sit in its own
 section beside `backend` (`trainer.megatron`, `rollout.engine.vllm`: yatt.backends). Validation reads only the
-config itself and the plug-ins it names (reward.verifiers are imported later, when the run reads its data):
-cross-section rules live in `ExperimentConfig._check_combinations`; rules that need the world size or the files
-the config names (model folders, data files) live in yatt.preflight (`check_run`), which the launcher calls before
-anything starts, with each backend's own `preflight`.
+config itself and the plug-ins it names (reward.verifiers are imported later, when the run reads its data).
+Each section is declared in its own package; this module composes them. Refused combinations of settings are
+one table, yatt.refusals: validation runs those the config alone decides; yatt.preflight (`check_run`, which
+the launcher calls before anything starts, with each backend's own `preflight`) runs those that need the world
+size or a model folder, and checks the files the config names.
 """
 
 from __future__ import annotations
