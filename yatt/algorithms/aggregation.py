@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from yatt.distributed import World
 
 EPS = 1e-8  # added to the variance by global_whiten, as OpenRLHF's masked_normalize does
+LOG_RATIO_CLAMP = 20.0  # keeps exp() finite for tokens whose probability moved enormously (see kl.py)
 
 
 def _masked(x: Tensor, mask: Tensor) -> Tensor:
@@ -135,3 +136,13 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> Tensor:
     logits = logits.float()
     picked = logits.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
+
+
+def per_token(advantages: Tensor, like: Tensor) -> Tensor:
+    """Advantages [B] (one per sequence) or [B, T] as [B, T], the shape of `like` (a view, no copy)."""
+    return (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages).expand_as(like)
+
+
+def clamped_log_ratio(logprobs: Tensor, old_logprobs: Tensor) -> Tensor:
+    """log(pi / pi_old) per token, clamped to +-LOG_RATIO_CLAMP so that its exp() stays finite."""
+    return (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)

@@ -9,10 +9,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.aggregation import clamped_log_ratio, masked_mean, per_token
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
-
-LOG_RATIO_CLAMP = 20.0  # keeps exp() finite (as veRL's and SkyRL's CISPO do)
 
 
 class CISPOConfig(ComponentConfig):
@@ -30,10 +28,8 @@ def cispo_loss(
     clips the weight instead, under a stop-gradient, so every token keeps the gradient of A * logprob, scaled
     by a bounded weight. Stats: clip_frac (tokens whose weight was clipped), ratio_mean, approx_kl (k1).
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.expand_as(logprobs)
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    advantages = per_token(advantages, logprobs)
+    log_ratio = clamped_log_ratio(logprobs, old_logprobs)
     ratio = torch.exp(log_ratio)
     weight = ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high).detach()
     valid = mask.bool()

@@ -9,10 +9,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.aggregation import clamped_log_ratio, masked_mean, per_token
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
-
-LOG_RATIO_CLAMP = 20.0
 
 
 class ClipCovConfig(ComponentConfig):
@@ -53,11 +51,9 @@ def clip_cov_loss(
     """PPO's clipped loss, times 0 on max(1, cov_ratio * tokens) tokens picked at random among those PPO did not
     clip whose covariance (`token_covariance`) lies in (cov_lower, cov_upper): their gradient is cut
     (veRL's clip_cov). Stats: clip_frac (PPO's), cov_cut_frac, ratio_mean, approx_kl (k1)."""
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.expand_as(logprobs)
+    advantages = per_token(advantages, logprobs)
     valid = mask.bool()
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamped_log_ratio(logprobs, old_logprobs)
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)

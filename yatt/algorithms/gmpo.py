@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.aggregation import masked_mean, per_token
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
 
 
@@ -31,9 +31,7 @@ def gmpo_loss(
     geo_mean). A sequence without response tokens gets 0. Stats: clip_frac (tokens clipped), ratio_mean
     (the sequence ratio over tokens), approx_kl (k1 of the tokens).
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.expand_as(logprobs)
+    advantages = per_token(advantages, logprobs)
     valid = mask.bool()
     log_ratio = torch.where(valid, logprobs - old_logprobs, 0.0)
     sign = torch.sign(advantages)

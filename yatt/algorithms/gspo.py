@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.aggregation import masked_mean, per_token
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
 
 # exp() of the sequence log-ratio stays finite; a sequence this far off is clipped anyway (veRL uses 10 too).
@@ -41,9 +41,7 @@ def gspo_loss(
     approx_kl (k1 of the sequence ratio the loss uses: -log s, clamped like s, over tokens) and approx_kl_k2
     (0.5 * (log s)^2).
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.expand_as(logprobs)
+    advantages = per_token(advantages, logprobs)
     valid = mask.bool()
     log_ratio = torch.where(valid, logprobs - old_logprobs, 0.0)
     seq_log_ratio = masked_mean(log_ratio, valid, dim=-1)

@@ -9,11 +9,9 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.aggregation import clamped_log_ratio, masked_mean, per_token
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
 from yatt.algorithms.clip_cov import token_covariance
-
-LOG_RATIO_CLAMP = 20.0
 
 
 class KLCovConfig(ComponentConfig):
@@ -28,11 +26,9 @@ def kl_cov_loss(
     """Per-token -A * r, r = exp(logprob - old_logprob) (no clip), plus kl_coef * |logprob - old_logprob| on the
     max(1, cov_ratio * tokens) valid tokens of largest covariance (`token_covariance`; veRL's kl_cov).
     Stats: kl_frac (tokens penalised), ratio_mean, approx_kl_abs (mean |log-ratio|)."""
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.expand_as(logprobs)
+    advantages = per_token(advantages, logprobs)
     valid = mask.bool()
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamped_log_ratio(logprobs, old_logprobs)
     ratio = torch.exp(log_ratio)
     cov = token_covariance(logprobs, advantages, mask).masked_fill(~valid, -torch.inf)
     count = min(max(int(cfg.cov_ratio * float(valid.sum())), 1), int(valid.sum()))

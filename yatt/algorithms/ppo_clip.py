@@ -8,11 +8,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.aggregation import clamped_log_ratio, masked_mean, per_token
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
-
-# Keeps exp() finite for tokens whose probability moved enormously (see kl.py).
-LOG_RATIO_CLAMP = 20.0
 
 
 class PPOClipConfig(ComponentConfig):
@@ -41,11 +38,9 @@ def ppo_clip_loss(
     which is never negative).
     """
     clip_low, clip_high, dual_clip = cfg.clip_low, cfg.clip_high, cfg.dual_clip
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.expand_as(logprobs)
+    advantages = per_token(advantages, logprobs)
 
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamped_log_ratio(logprobs, old_logprobs)
     ratio = torch.exp(log_ratio)
     loss1 = -advantages * ratio
     loss2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)

@@ -9,10 +9,8 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from yatt.algorithms.aggregation import masked_mean
+from yatt.algorithms.aggregation import clamped_log_ratio, masked_mean, per_token
 from yatt.algorithms.base import ComponentConfig, PolicyLoss
-
-LOG_RATIO_CLAMP = 20.0
 
 
 class SAPOConfig(ComponentConfig):
@@ -32,11 +30,9 @@ def sapo_loss(
     gate's slope is 1, so an on-policy token's gradient is the policy gradient's; as r moves away the gradient
     fades smoothly (sigmoid'), where PPO's stops at the clip. Stats: ratio_mean, approx_kl (k1), gate_mean.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    advantages = advantages.expand_as(logprobs)
+    advantages = per_token(advantages, logprobs)
     valid = mask.bool()
-    log_ratio = (logprobs - old_logprobs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = clamped_log_ratio(logprobs, old_logprobs)
     ratio = torch.exp(log_ratio)
     positive = masked_mean(advantages, valid, dim=-1) > 0
     tau = torch.where(positive, cfg.tau_pos, cfg.tau_neg).to(logprobs.dtype).unsqueeze(-1)
