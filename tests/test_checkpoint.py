@@ -222,7 +222,7 @@ def _checkpointer(tmp_path, overrides=(), **writer_kw):
         [f"run.output_dir={tmp_path}", f"model.path={policy}", f"checkpoint.dir={tmp_path / 'ck'}", *overrides],
     )
     world = World(0, 1, 0, torch.device("cpu"))
-    return Checkpointer(cfg.checkpoint, cfg.run.run_dir, config_fingerprint(cfg, world.size), world, **writer_kw)
+    return Checkpointer(cfg.checkpoint, cfg.run.run_dir, config_fingerprint(cfg), world, **writer_kw)
 
 
 def test_replaced_checkpoints_are_set_aside_until_this_launch_commits(tmp_path):

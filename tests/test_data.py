@@ -7,7 +7,7 @@ import pytest
 from yatt.data.gym import read_gym_shard
 from yatt.data.jsonl import DataError, read_jsonl_shard
 from yatt.data.rows import PromptRow
-from yatt.data.stream import PromptStream
+from yatt.data.stream import PromptStream, merged
 from yatt.rewards.rules import score
 
 
@@ -91,3 +91,29 @@ def test_stream_reshuffles_per_epoch_and_restores_its_cursor():
     assert [r.index for r in restored.next_batch(6)] == expected
     with pytest.raises(ValueError, match="shard is empty"):
         PromptStream([], seed=0)
+
+
+def _draws(streams: list[PromptStream], steps: int, per_step: int) -> list[set[int]]:
+    """The prompts each step draws over all ranks (`per_step` in all, shared evenly)."""
+    return [{r.index for s in streams for r in s.next_batch(per_step // len(streams))} for _ in range(steps)]
+
+
+def test_the_streams_resume_on_another_number_of_ranks_at_the_same_position():
+    """Rows cut into 2 streams: drawn by 2 ranks, then resumed by 1 (and back on 2), each step draws the prompts the
+    run on 2 ranks would have; a number of ranks that does not divide the streams is refused."""
+    rows = [PromptRow(i, f"p{i}", None, None, "exact_match") for i in range(11)]
+    ranks = lambda world: [PromptStream([r for r in rows if r.index % world == k], 7, True, k, world, shards=2)  # noqa: E731
+                           for k in range(world)]  # fmt: skip
+    reference = _draws(ranks(2), 9, 4)
+    two = ranks(2)
+    assert _draws(two, 3, 4) == reference[:3]
+    (one,) = ranks(1)
+    one.load_state_dict(merged([s.state_dict() for s in two]))
+    assert one.shards == 2 and _draws([one], 3, 4) == reference[3:6]
+    back = ranks(2)
+    for stream in back:
+        stream.load_state_dict(merged([one.state_dict()]))
+    assert _draws(back, 3, 4) == reference[6:]
+    three = PromptStream(rows, 7, True, 0, 1, shards=3)
+    with pytest.raises(ValueError, match="3 streams .*which 2 ranks cannot share out"):
+        PromptStream([r for r in rows if r.index % 2 == 0], 7, True, 0, 2).load_state_dict(three.state_dict())

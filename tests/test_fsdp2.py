@@ -6,11 +6,15 @@ from it continues exactly."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from megatron_ranks import grouped_sequences, run_ranks
 
 from yatt.algorithms.objective import Algorithm
+from yatt.checkpoint.snapshot import ITEMS, snapshot
+from yatt.checkpoint.snapshot import ROWS as ROW_COUNT
 from yatt.config import AlgorithmConfig, TrainerConfig
 from yatt.distributed import World
 from yatt.models.tiny import TinyModelConfig, write_tiny_model
@@ -68,7 +72,9 @@ def fsdp2_body(world, folder: str, batch, denominators: tuple, out: str) -> dict
     stats = [first.train_mini_batch(mine, loss)]
     state = first.state_dict()
     saved = {k: v.clone() for k, v in state["model"].items()}
-    moments = [v for st in state["optimizer"]["state"].values() for k, v in st.items() if k != "step"]
+    tree = snapshot({"trainer": state}).tree["trainer"]  # what a checkpoint writes
+    nodes = [*tree["model"].values(), *(v for _, st in tree["optimizer"]["state"][ITEMS]
+                                        for k, v in st.items() if k != "step")]  # fmt: skip
     second = TorchTrainer(folder, cfg, world, total_steps=4)
     second.load_state_dict({**state, "model": saved})
     stats.append(second.train_mini_batch(mine, loss))
@@ -76,7 +82,7 @@ def fsdp2_body(world, folder: str, batch, denominators: tuple, out: str) -> dict
     gathered = second.gather_hf_weights()
     second.save_hf(out, _tokenizer(folder))
     return {"local": local, "full": {n: p.numel() for n, p in first.module.named_parameters()}, "logp": logp,
-            "stats": stats, "moments_plain": all(type(m) is torch.Tensor for m in moments),
+            "stats": stats, "saved_as_rows": all(ROW_COUNT in node for node in nodes),
             "buckets": buckets, "gathered": gathered, "replicated": first.replicated}  # fmt: skip
 
 
@@ -104,7 +110,7 @@ def test_two_shards_train_as_one_rank_and_resume_exactly(tmp_path, policy, one_r
         for step, want in zip(r["stats"], one_rank["stats"]):
             assert close(step["grad_norm"], want["grad_norm"]), (step, want)
             assert close(step["lr"], want["lr"]) and step["skipped"] == 0.0
-        assert r["moments_plain"]  # a checkpoint holds plain tensors: each rank's shard
+        assert r["saved_as_rows"]  # a checkpoint holds each rank's rows of the weights and moments
         weights = {k: v for bucket in r["buckets"] for k, v in bucket.items()}
         assert set(weights) == set(one_rank["weights"])
         for name, w in one_rank["weights"].items():  # two steps, the second by a trainer loaded from the first
@@ -131,3 +137,69 @@ def test_lora_under_fsdp2_is_refused_in_one_line(tmp_path, policy):
     world = World(0, 2, 0, torch.device("cpu"))  # grouped: 2 ranks (nothing is sharded before the refusal)
     with pytest.raises(ValueError, match="model.lora with trainer.torch.parallel=fsdp2 is not supported yet"):
         TorchTrainer(policy, cfg, world, lora=LoRAConfig(rank=4))
+
+
+class _Trained:
+    """The trainer as the checkpointer's Stateful, the way yatt.controllers.shard_state hands it over."""
+
+    replicated = ()
+
+    def __init__(self, trainer: TorchTrainer, step: int):
+        self.trainer, self.step = trainer, step
+
+    def state_dict(self) -> dict:
+        return {"trainer": self.trainer.state_dict(), "progress": {"step": self.step}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.trainer.load_state_dict(state["trainer"])
+
+
+def _whole(trainer: TorchTrainer) -> dict[str, torch.Tensor]:
+    """Every weight and AdamW moment gathered whole, by parameter (a collective)."""
+    from yatt.trainers.sharding import full
+
+    out = {f"weight/{n}": full(p.detach()).clone() for n, p in trainer.module.named_parameters()}
+    for i, p in enumerate(trainer.module.parameters()):
+        for k, v in trainer.optimizer.state[p].items():
+            out[f"moment/{i}/{k}"] = full(v).clone()
+    return out
+
+
+def reshard_body(world, folder: str, batch, denominators: tuple, root: str, step: int) -> dict:
+    """Resume from the newest checkpoint under `root` (saved by however many ranks), take step `step` on this
+    rank's rows of `batch` (all of them alone, ROWS' halves at two ranks), and save it."""
+    from yatt.checkpoint.checkpointer import Checkpointer
+    from yatt.checkpoint.config import CheckpointConfig
+
+    cfg = TrainerConfig(**TRAIN, torch=TorchConfig(parallel="fsdp2"))
+    trainer = TorchTrainer(folder, cfg, world, total_steps=4)
+    checkpoints = Checkpointer(CheckpointConfig(dir=root, async_write=False), Path(root), {}, world)
+    loaded = {}
+    if (found := checkpoints.find("auto")) is not None:
+        checkpoints.load(found[0], _Trained(trainer, found[1]))
+        loaded = _whole(trainer)
+    mine = batch if world.size == 1 else batch.select(ROWS[world.rank])
+    size = world.size  # gradients are averaged over the ranks: each normalises by its share of the denominators
+    loss = Algorithm(AlgorithmConfig()).objective(denominators[0] / size, denominators[1] / size, denominators[2])
+    stats = trainer.train_mini_batch(mine, loss)
+    checkpoints.save(step, _Trained(trainer, step))
+    checkpoints.finish()
+    return {"loaded": loaded, "saved": _whole(trainer), "stats": stats}
+
+
+def test_a_checkpoint_resumes_on_another_number_of_ranks(tmp_path, policy, one_rank):
+    """2 -> 1 -> 2 ranks: after each reshard the gathered weights and moments are the saved ones exactly, and the
+    step taken on 1 rank continues the run (the one-rank reference's second step, <= 1e-5)."""
+    args = (str(policy), one_rank["batch"], one_rank["denominators"], str(tmp_path / "ck"))
+    first = run_ranks(2, reshard_body, tmp_path / "a", *args, 1)
+    second = run_ranks(1, reshard_body, tmp_path / "b", *args, 2)
+    third = run_ranks(2, reshard_body, tmp_path / "c", *args, 3)
+    for before, after in ((first[0]["saved"], second[0]["loaded"]), (second[0]["saved"], third[1]["loaded"])):
+        assert set(before) == set(after) and any(k.startswith("moment/") for k in before)
+        for key, value in before.items():
+            assert torch.equal(after[key], value), key
+    assert third[0]["loaded"].keys() == third[1]["loaded"].keys()
+    for name, want in one_rank["weights"].items():
+        assert float((second[0]["saved"][f"weight/{name}"] - want).abs().max()) <= 1e-5, name
+    assert close(second[0]["stats"]["grad_norm"], one_rank["stats"][1]["grad_norm"])
+    assert close(second[0]["stats"]["policy_loss"], one_rank["stats"][1]["policy_loss"])

@@ -2,13 +2,15 @@
 run with HF export in its checkpoints. Each rank's checkpoint files hold its own shards (a sharded trainer is not
 saved once from rank 0); a run killed with kill -9 during a background checkpoint write resumes and ends with the
 metrics and weights of the uninterrupted run; the exported policy (gathered from the shards) loads with
-transformers and is the run's final policy."""
+transformers and is the run's final policy; a checkpoint resumes on 1 rank and back on 2, continuing the run."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import torch
-from e2e import ONE_TOKEN_GRPO, experiment
+from e2e import ONE_TOKEN_GRPO, env, experiment, torchrun_args
 from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import comparable, finish, kill_while_saving, launch, logged_steps
 
@@ -66,3 +68,31 @@ def test_the_checkpoint_export_is_the_gathered_policy(runs):
     final = load_file(str(calm / "policy" / "model.safetensors"))
     state = model.state_dict()
     assert all(torch.equal(state[k], v) for k, v in final.items())
+
+
+def _on(ranks: int, args: list[str]) -> list[str]:
+    """torchrun_args' command line with `ranks` ranks a node."""
+    at = args.index("--nproc_per_node")
+    return [*args[: at + 1], str(ranks), *args[at + 2 :]]
+
+
+def test_resumes_on_one_rank_and_back_on_two_continuing_the_run(runs, tmp_path):
+    """The calm run's step-2 checkpoint resumed on 1 rank (to step 4), whose step-3 checkpoint is resumed on 2 ranks:
+    each resumed step draws the same prompts and samples as the run it continues, from the same weights (entropy
+    and engine/trainer log-prob gap within 1e-5). The updates differ only in how groups fall into mini-batches,
+    which are drawn per rank."""
+    calm, _ = runs
+    config = calm.parent.parent / "fsdp2.yaml"
+    one, two = tmp_path / "one" / "r", tmp_path / "two" / "r"
+    legs = [(1, one, calm / "checkpoints" / "step-00000002"), (2, two, one / "checkpoints" / "step-00000003")]
+    for ranks, run_dir, checkpoint in legs:
+        args = torchrun_args(config, f"run.output_dir={run_dir.parent}", *FSDP2, "--resume", str(checkpoint),
+                             "checkpoint.every=1")  # fmt: skip
+        out = subprocess.run(_on(ranks, args), capture_output=True, text=True, env=env(), cwd=tmp_path, timeout=600)
+        assert f"resuming from {checkpoint}" in out.stdout and "done:" in out.stdout, (out.stdout + out.stderr)[-3000:]
+    for before, after, step in ((calm, one, 3), (one, two, 4)):
+        want, have = (next(r for r in comparable(d) if r["step"] == step) for d in (before, after))
+        for key in ("reward/mean", "response/length_mean", "rollout/samples"):
+            assert have[key] == want[key], (step, key)
+        for key in ("actor/entropy", "rollout/trainer_logprob_diff_mean"):
+            assert abs(have[key] - want[key]) <= 1e-5 * max(1.0, abs(want[key])), (step, key)

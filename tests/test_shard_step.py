@@ -160,7 +160,8 @@ def test_the_step_follows_the_configured_algorithm(shard):
         "approx_kl_k2",
     )
     state = shard.state_dict()
-    assert shard.replicated == ("trainer",) and set(state) >= {"trainer", "train_stream", "rng", "progress"}
+    assert shard.replicated == ("trainer", "train_stream", "ranks")
+    assert set(state) >= {"trainer", "train_stream", "rng", "progress", "ranks"}
 
 
 def test_reusing_the_on_policy_forward_changes_nothing_but_the_work(tmp_path):

@@ -235,6 +235,15 @@ def _prompts_over_ranks(cfg: Any, world_size: int) -> str | None:
     return None
 
 
+def _streams_over_ranks(cfg: Any, world_size: int) -> str | None:
+    tp, pp = cfg.trainer.model_parallel
+    data_ranks = world_size // (tp * pp)
+    if cfg.data.shards % data_ranks:
+        return (f"data.shards={cfg.data.shards} train streams cannot be shared out over {data_ranks} data-parallel "
+                f"ranks: use a multiple of {data_ranks}")
+    return None
+
+
 def _lora_vision(cfg: Any, world_size: int) -> str | None:
     if cfg.model.lora.enabled and _vision(cfg.model.path):
         return "model.lora: LoRA on a vision-language policy is not supported yet"
@@ -295,6 +304,8 @@ REFUSALS: list[Refusal] = [
             "each role needs its devices", _partial_devices, launch=True),
     Refusal("data.prompts_per_step not splitting over the data-parallel ranks and mini-batches",
             "every rank trains the same number of prompts per mini-batch", _prompts_over_ranks, launch=True),
+    Refusal("data.shards not a multiple of the data-parallel ranks",
+            "each rank draws from whole streams of prompts", _streams_over_ranks, launch=True),
     Refusal("model.lora + a vision-language policy", "LoRA adapts the text decoder only, not yet a VL policy",
             _lora_vision, launch=True),
     Refusal("an agent loop + a vision-language policy (image prompts)", "agent loops take text prompts only",

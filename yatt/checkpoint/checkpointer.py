@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from yatt.checkpoint.aside import drop_aside, set_aside
 from yatt.checkpoint.config import CheckpointConfig
-from yatt.checkpoint.manifest import CheckpointError
-from yatt.checkpoint.resume import check_compatible, find_resume, load_part
+from yatt.checkpoint.manifest import CheckpointError, read_manifest
+from yatt.checkpoint.resume import check_compatible, find_resume, load_part, load_resharded
 from yatt.checkpoint.snapshot import Snapshot, snapshot
 from yatt.checkpoint.writer import (
     CheckpointWriter,
@@ -117,7 +117,9 @@ class Checkpointer:
                 for w in caught:
                     print(f"warning: {w.message}", flush=True)
                 if found is not None:
-                    check_compatible(found[0], found[1], self.fingerprint)
+                    # checkpoints from before resharding fingerprinted the world size: they resume at that size only
+                    sized = {"world_size": self.world.size} if "world_size" in found[1]["fingerprint"] else {}
+                    check_compatible(found[0], found[1], {**self.fingerprint, **sized})
                     answer = (str(found[0]), int(found[1]["step"]))
             except CheckpointError as err:
                 answer = f"error: {err}"
@@ -147,7 +149,14 @@ class Checkpointer:
             self._on_commit()
 
     def load(self, folder: Path, target: Stateful) -> None:
-        state = load_part(folder, f"rank{self.world.rank}")
+        """Restore `target` from a checkpoint saved by this number of ranks, or by another (resharding: each rank's
+        part cut again by yatt.checkpoint.resume.load_resharded; the target refuses what it cannot take back)."""
+        saved_world = read_manifest(folder)["world_size"]
+        rank, world = self.world.rank, self.world.size
+        if saved_world == world:
+            state = load_part(folder, f"rank{rank}")
+        else:
+            state = load_resharded(folder, saved_world, rank, world)
         state.update(load_part(folder, "shared"))
         target.load_state_dict(state)
         self.saved_step = state["progress"]["step"]

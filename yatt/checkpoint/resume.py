@@ -13,10 +13,12 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from yatt.checkpoint.manifest import MANIFEST, CheckpointError, fingerprint_differences, verify
-from yatt.checkpoint.snapshot import restore
+from yatt.checkpoint.snapshot import chunk_rows, restore
 from yatt.checkpoint.writer import STAGING_DIR, STEP_DIR
 
 
@@ -85,3 +87,34 @@ def load_part(folder: Path, stem: str) -> dict[str, Any]:
     tensors = load_file(str(folder / f"{stem}.safetensors"))
     tree = json.loads((folder / f"{stem}.json").read_text())
     return restore(tree, tensors)
+
+
+class _SavedRanks:
+    """The tensors of every saved rank's file, opened lazily: a dim-0 shard (yatt.checkpoint.snapshot) is read as
+    the rows rank `rank` of `world` holds, slice by slice from the files that have them, so no rank reads a
+    whole sharded tensor; any other tensor comes from saved rank `source`."""
+
+    def __init__(self, folder: Path, saved_world: int, source: int, rank: int, world: int):
+        self.files = [safe_open(str(folder / f"rank{i}.safetensors"), "pt") for i in range(saved_world)]
+        self.source, self.rank, self.world = source, rank, world
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.files[self.source].get_tensor(name)
+
+    def rows(self, name: str, total: int) -> torch.Tensor:
+        start, end = chunk_rows(total, self.rank, self.world)
+        pieces = []
+        for i, file in enumerate(self.files):
+            lo, hi = chunk_rows(total, i, len(self.files))
+            if max(lo, start) < min(hi, end):
+                pieces.append(file.get_slice(name)[max(lo, start) - lo : min(hi, end) - lo])
+        return torch.cat(pieces) if pieces else self.files[0].get_slice(name)[0:0]
+
+
+def load_resharded(folder: Path, saved_world: int, rank: int, world: int) -> dict[str, Any]:
+    """Rank `rank` of `world`'s component states from a checkpoint saved by `saved_world` ranks: every dim-0 shard
+    cut again for this rank, the rest as saved rank `rank % saved_world` had it. Which parts may be taken this way
+    is the resumed component's to decide (yatt.controllers.shard_state)."""
+    source = rank % saved_world
+    tree = json.loads((folder / f"rank{source}.json").read_text())
+    return restore(tree, _SavedRanks(folder, saved_world, source, rank, world))

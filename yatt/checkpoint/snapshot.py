@@ -8,17 +8,44 @@ is pickled, so loading a checkpoint cannot run code.
 The tensors are *copies*: training mutates parameters and optimizer state in place while the
 background writer still reads the snapshot. On GPU the copies go to pinned host memory with
 non_blocking transfers and one synchronize at the end, so the stall is one device->host copy.
+
+A DTensor sharded on dim 0 (FSDP2) is saved as the rank's rows plus the whole tensor's row count, so that
+yatt.checkpoint.resume can cut it again for another number of ranks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-TENSOR, ARRAY, TUPLE, ITEMS = "__tensor__", "__ndarray__", "__tuple__", "__items__"
+TENSOR, ARRAY, TUPLE, ITEMS, ROWS = "__tensor__", "__ndarray__", "__tuple__", "__items__", "rows"
+
+
+def chunk_rows(total: int, rank: int, world: int) -> tuple[int, int]:
+    """The rows [start, end) of a `total`-row tensor that rank `rank` of `world` holds when it is sharded on dim 0
+    as FSDP2 does it (torch.chunk: ceil(total / world) rows a rank, the last ranks fewer or none)."""
+    size = -(-total // world)
+    return min(rank * size, total), min((rank + 1) * size, total)
+
+
+def _row_shard(t: torch.Tensor, path: str) -> tuple[torch.Tensor, int]:
+    """A DTensor sharded on dim 0 over a 1-D mesh (FSDP2's parameters and moments): (this rank's rows, the whole
+    tensor's rows). Saved as its rows, so a resume on another number of ranks can cut it again."""
+    from torch.distributed.tensor import Shard
+
+    mesh, placements = t.device_mesh, t.placements
+    if mesh.ndim != 1 or tuple(placements) != (Shard(0),):
+        raise TypeError(f"checkpoint state at {path!r} is a DTensor placed {placements} on a {mesh.ndim}-D mesh; "
+                        "only dim-0 shards over one mesh dimension are saved")  # fmt: skip
+    local, total = t.to_local(), t.shape[0]
+    start, end = chunk_rows(total, mesh.get_local_rank(), mesh.size())
+    if local.shape[0] != end - start:  # a layout other than torch.chunk's could not be cut again on resume
+        raise TypeError(f"checkpoint state at {path!r}: this rank holds {local.shape[0]} rows of {total}, expected "
+                        f"{end - start}")  # fmt: skip
+    return local, total
 
 
 @dataclass
@@ -43,6 +70,10 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor) and _is_dtensor(obj):
+        local, total = _row_shard(obj, path)
+        tensors[path] = _host_copy(local)
+        return {TENSOR: path, ROWS: total}
     if isinstance(obj, torch.Tensor):
         tensors[path] = _host_copy(obj)
         return {TENSOR: path}
@@ -69,12 +100,27 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     )
 
 
-def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+class Tensors(Protocol):
+    """Where a tree's tensors are read from: one rank's file, or (resharding) every saved rank's."""
+
+    def __getitem__(self, name: str) -> torch.Tensor: ...
+    def rows(self, name: str, total: int) -> torch.Tensor: ...
+
+
+def _decode(obj: Any, tensors: Tensors | dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, list):
         return [_decode(v, tensors) for v in obj]
     if not isinstance(obj, dict):
         return obj
     if TENSOR in obj:
+        if ROWS in obj and not isinstance(tensors, dict):
+            return tensors.rows(obj[TENSOR], obj[ROWS])
         return tensors[obj[TENSOR]]
     if ARRAY in obj:
         return tensors[obj[ARRAY]].numpy().astype(np.dtype(obj["dtype"]))
@@ -94,6 +140,6 @@ def snapshot(components: dict[str, Any]) -> Snapshot:
     return snap
 
 
-def restore(tree: dict[str, Any], tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """The component states of a snapshot read back from disk."""
+def restore(tree: dict[str, Any], tensors: Tensors | dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The component states of a snapshot read back from disk (a dict: one rank's tensors, as saved)."""
     return {name: _decode(state, tensors) for name, state in tree.items()}

@@ -3,7 +3,8 @@
 Resuming continues the same run: what determines the model's shape, the data order, the samples
 drawn and the update must be equal. Everything else may differ, e.g. run.steps (extend a run),
 eval settings, run.name/output_dir, threads, checkpoint settings, trainer.micro_batch_size/_tokens
-(change only the summation order), balance, placement and engine tuning.
+(change only the summation order), balance, placement and engine tuning, and the number of ranks (the
+checkpoint re-cuts what the ranks hold: yatt.checkpoint.resume.load_resharded, yatt.data.stream).
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ from typing import Any
 from yatt.config import ExperimentConfig
 
 
-def config_fingerprint(cfg: ExperimentConfig, world_size: int) -> dict[str, Any]:
+def config_fingerprint(cfg: ExperimentConfig) -> dict[str, Any]:
     arch = (cfg.model.path / "config.json").read_bytes()
     fields = {
-        "world_size": world_size,
         "model": {
             "path": str(cfg.model.path),
             "config_json_blake2b": hashlib.blake2b(arch).hexdigest()[:32],

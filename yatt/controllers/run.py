@@ -105,7 +105,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     # model-parallel group share one data-parallel slice.
     data_world = data_parallel_world(world, *cfg.trainer.model_parallel)
     data = load_rank_data(cfg.data, data_world, load_tokenizer(cfg.model.path), cfg.reward.verifiers)
-    fingerprint = config_fingerprint(cfg, world.size)
+    fingerprint = config_fingerprint(cfg)
     checkpoints = Checkpointer(cfg.checkpoint, run_dir, fingerprint, world, on_commit=partial(drop_aside, run_dir))
     found = checkpoints.find(resume, overwrite)  # verified, config-compatible; `none` over checkpoints needs overwrite
     start_step = found[1] if found else 0

@@ -72,8 +72,8 @@ class ControllerShard(ShardState):
         self.engines, self.algorithm, self.critic = parts.engines, parts.algorithm, parts.critic
         self.prompts_per_rank = cfg.data.prompts_per_step // self.world.size
         data = data or load_rank_data(cfg.data, self.world, self.tokenizer, cfg.reward.verifiers)
-        seed = cfg.run.seed * 1009 + self.world.rank
-        self.train_stream = PromptStream(data.train, seed=seed, shuffle=cfg.data.shuffle)
+        self.train_stream = PromptStream(data.train, cfg.run.seed * 1009, cfg.data.shuffle, self.world.rank,
+                                         self.world.size, cfg.data.shards)  # fmt: skip
         self.eval_rows, self.eval_prompt_ids = data.eval, data.eval_prompt_ids
         # a VL policy's processor: a step reads and encodes its image rows when it starts (yatt.controllers.images)
         self.image_inputs = ImageInputs(cfg.model.path) if is_vision_model(cfg.model.path) else None

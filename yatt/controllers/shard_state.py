@@ -7,9 +7,11 @@ copies `state_dict()` at a save and hands it to `load_state_dict()` on resume. M
 
 from __future__ import annotations
 
+from yatt.checkpoint.manifest import CheckpointError
 from yatt.checkpoint.rng import rng_state, set_rng_state
 from yatt.controllers.images import reload_images
 from yatt.data.prepare import encode_prompts
+from yatt.data.stream import merged
 
 
 class ShardState:
@@ -20,7 +22,7 @@ class ShardState:
         """Parts of state_dict() that are the same on every rank: a checkpoint stores them once, from rank 0
         (a trainer whose ranks hold shards of the model saves its own part on every rank instead)."""
         parts = {"trainer": self.trainer, **({"critic": self.critic.trainer} if self.critic else {})}
-        return tuple(name for name, part in parts.items() if part.replicated)
+        return tuple(name for name, part in parts.items() if part.replicated) + ("train_stream", "ranks")
 
     def _stateful(self) -> dict:
         """The parts with their own state, by checkpoint key; a new stateful component adds its key here. The
@@ -37,13 +39,36 @@ class ShardState:
         return self.rollouts.held() + [r for group in (self.sampler.queue if self.sampler else []) for r in group]
 
     def state_dict(self) -> dict[str, dict]:
-        """Everything resuming needs, as named component states (live references; yatt.checkpoint copies them)."""
+        """Everything resuming needs, as named component states (live references; yatt.checkpoint copies them).
+        A collective: the train streams' cursors and what a resume on another number of ranks must share out
+        are gathered from every rank ("train_stream", "ranks")."""
         progress = {"step": self.last_step, "samples_trained": self.samples_trained}
         parts = {key: part.state_dict() for key, part in self._stateful().items()}
-        return {**parts, "rng": rng_state(), "progress": progress}
+        mine = {"stream": parts["train_stream"], "held": len(self._restored_rollouts()), "trained": self.samples_trained}
+        everyone = self.world.all_gather_object(mine)
+        parts["train_stream"] = merged([r["stream"] for r in everyone])
+        ranks = {"held": [r["held"] for r in everyone], "samples_trained": [r["trained"] for r in everyone]}
+        return {**parts, "rng": rng_state(), "progress": progress, "ranks": ranks}
+
+    def _reshard(self, state: dict[str, dict]) -> None:
+        """A checkpoint saved by another number of ranks (yatt.checkpoint.resume.load_resharded): refuse what cannot
+        be shared out again; the samples trained are spread over the new ranks, so their sum is kept."""
+        ranks = state["ranks"]
+        saved, trainers = len(ranks["samples_trained"]), [self.trainer] + ([self.critic.trainer] if self.critic else [])
+        where = f"the checkpoint was saved by {saved} ranks and this run has {self.world.size}"
+        if why := next((t.reshard_refusal for t in trainers if t.reshard_refusal), None):
+            raise CheckpointError(f"{where}, but trainer.backend={self.cfg.trainer.backend} cannot resume so: {why}; "
+                                  f"resume with {saved} ranks")  # fmt: skip
+        if held := sum(ranks["held"]):
+            raise CheckpointError(f"{where}, but it holds {held} rollouts made ahead or queued by dynamic sampling on "
+                                  f"their ranks, which cannot be shared out again; resume with {saved} ranks")  # fmt: skip
+        total, rank = sum(ranks["samples_trained"]), self.world.rank
+        state["progress"]["samples_trained"] = total // self.world.size + int(rank < total % self.world.size)
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
         """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
+        if "ranks" in state and len(state["ranks"]["samples_trained"]) != self.world.size:
+            self._reshard(state)
         for key, part in self._stateful().items():
             part.load_state_dict(state[key])
         if self.image_inputs is not None:  # batches made ahead and queued groups come back without pixels

@@ -110,7 +110,15 @@ class DataConfig(Section):
     prompts_per_step: int = Field(32, gt=0, description="Prompts per RL step over all ranks.")
     eval_prompts: int = Field(500, gt=0, description="Held-out prompts evaluated (over all ranks).")
     max_prompt_tokens: int = Field(256, gt=0, description="Longer prompts are an error, not truncated.")
-    shuffle: bool = Field(True, description="Reshuffle each rank's shard every epoch.")
+    shuffle: bool = Field(True, description="Reshuffle each stream of train prompts every epoch.")
+    shards: int = Field(
+        0,
+        ge=0,
+        description="The train prompts are drawn from this many streams (row i in stream i % shards), shared out "
+        "over the ranks; a checkpoint resumes on any number of ranks that divides it. 0: the number of ranks "
+        "(resume 2 -> 1 -> 2 works; set e.g. 4 to start on 1 rank and resume on 2 or 4). A resumed run keeps its "
+        "checkpoint's streams.",
+    )
     check_images: bool = Field(
         True,
         description="Before any engine starts, read and decode each image of this "

@@ -32,6 +32,9 @@ class Trainer(Protocol):
     # True: every rank holds the same full state (DDP), so a checkpoint stores it once, from rank 0.
     # False: each rank holds its own shard (TP/PP/FSDP) and saves it with its rank's files.
     replicated: bool
+    # None: a checkpoint of this trainer resumes on another number of ranks (DDP's state is whole; FSDP2's DTensor
+    # rows are cut again, yatt.checkpoint.resume); else why it cannot, said when such a resume is asked for
+    reshard_refusal: str | None
     head: str  # "lm" (log-probs) or "value" (values): see the module docstring
 
     def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:

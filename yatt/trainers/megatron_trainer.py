@@ -81,6 +81,8 @@ def read_hf_weights(folder: Path) -> dict[str, Tensor]:
 
 class MegatronTrainer:
     replicated = False
+    reshard_refusal = ("its checkpoints hold each rank's tensor- and pipeline-parallel slices and its part of the "
+                       "distributed optimizer, in megatron's layout, which yatt does not cut again")  # fmt: skip
 
     def __init__(
         self,

@@ -8,7 +8,8 @@
   scorer around the model is the root unit, holding the rest (embeddings, final norm, output head). Gradients
   are reduce-scattered, averaged over ranks as DDP averages them. Every forward is then a collective: ranks run
   the same number of them, also without gradients (`TorchTrainer._per_token` pads with empty passes). Each rank
-  checkpoints its own shards (`local`), and weights leave one parameter at a time, gathered (`full`).
+  checkpoints its own rows of each DTensor, which a resume on another number of ranks cuts again
+  (yatt.checkpoint.snapshot), and weights leave one parameter at a time, gathered (`full`).
 """
 
 from __future__ import annotations
@@ -70,10 +71,11 @@ def local(t: Any) -> Any:
 
 
 def like(param: Tensor, value: Tensor) -> Tensor:
-    """`value`, a rank's shard as `local` gave it, sharded as `param` is (itself if `param` is not sharded)."""
+    """`value`, a rank's shard (a checkpoint's rows), sharded as `param` is (itself if `param` is not sharded or
+    `value` already is)."""
     from torch.distributed.tensor import DTensor
 
-    if not isinstance(param, DTensor):
+    if not isinstance(param, DTensor) or isinstance(value, DTensor):
         return value
     return DTensor.from_local(
         value.to(param.device), param.device_mesh, param.placements, shape=param.shape, stride=param.stride()

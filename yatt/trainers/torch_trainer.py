@@ -89,6 +89,7 @@ class TorchTrainer:
     """
 
     replicated = True  # DDP; an fsdp2 instance sets its own (False)
+    reshard_refusal = None  # DDP's state is whole on every rank; fsdp2's DTensor rows are cut again on resume
     # its own section, trainer.torch; a subclass plugged in by import path inherits it (or declares its own)
     section, config = "torch", TorchConfig
 
@@ -332,9 +333,8 @@ class TorchTrainer:
         schedule's position."""
         state: dict = {self.weights.key: self.weights.state(), "optimizer_steps": self.optimizer_steps}
         if self.trainable:
-            optimizer = self.optimizer.state_dict()  # fsdp2: this rank's shards of the moments
-            optimizer["state"] = {i: {k: local(v) for k, v in st.items()} for i, st in optimizer["state"].items()}
-            state.update(optimizer=optimizer, scheduler=self.scheduler.state_dict())
+            # fsdp2: the moments are DTensors, saved as this rank's rows (yatt.checkpoint.snapshot)
+            state.update(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict())
         return state
 
     @torch.no_grad()

@@ -88,8 +88,8 @@ class FullWeights:
         return ((n, t) for n, t in self.named_weights() if n not in self.frozen)
 
     def state(self) -> dict[str, Tensor]:
-        """Live references to this rank's weights: the whole of each, or with fsdp2 its shard."""
-        return {name: local(p.detach()) for name, p in self.module.named_parameters()}
+        """Live references to the weights: with fsdp2 DTensors, which a checkpoint saves as this rank's rows."""
+        return {name: p.detach() for name, p in self.module.named_parameters()}
 
     @torch.no_grad()
     def load_state(self, state: dict[str, Tensor]) -> None:
@@ -98,7 +98,7 @@ class FullWeights:
             missing, extra = sorted(set(params) - set(state)), sorted(set(state) - set(params))
             raise ValueError(f"checkpoint weights do not fit this model: missing {missing[:5]}, unexpected {extra[:5]}")
         for name, p in params.items():
-            local(p).copy_(state[name])
+            local(p).copy_(local(state[name]))
 
     def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None) -> None:
         """No adapters: the policy folder is the weights alone."""
