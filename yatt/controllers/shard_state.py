@@ -44,8 +44,8 @@ class ShardState:
         are gathered from every rank ("train_stream", "ranks")."""
         progress = {"step": self.last_step, "samples_trained": self.samples_trained}
         parts = {key: part.state_dict() for key, part in self._stateful().items()}
-        mine = {"stream": parts["train_stream"], "held": len(self._restored_rollouts()), "trained": self.samples_trained}
-        everyone = self.world.all_gather_object(mine)
+        held, trained = len(self._restored_rollouts()), self.samples_trained
+        everyone = self.world.all_gather_object({"stream": parts["train_stream"], "held": held, "trained": trained})
         parts["train_stream"] = merged([r["stream"] for r in everyone])
         ranks = {"held": [r["held"] for r in everyone], "samples_trained": [r["trained"] for r in everyone]}
         return {**parts, "rng": rng_state(), "progress": progress, "ranks": ranks}
@@ -62,8 +62,8 @@ class ShardState:
         if held := sum(ranks["held"]):
             raise CheckpointError(f"{where}, but it holds {held} rollouts made ahead or queued by dynamic sampling on "
                                   f"their ranks, which cannot be shared out again; resume with {saved} ranks")  # fmt: skip
-        total, rank = sum(ranks["samples_trained"]), self.world.rank
-        state["progress"]["samples_trained"] = total // self.world.size + int(rank < total % self.world.size)
+        total, rank, size = sum(ranks["samples_trained"]), self.world.rank, self.world.size
+        state["progress"]["samples_trained"] = total // size + int(rank < total % size)
 
     def load_state_dict(self, state: dict[str, dict]) -> None:
         """Restore a checkpoint, then push the restored policy into the engine, which started from model.path."""
