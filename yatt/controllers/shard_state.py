@@ -60,8 +60,10 @@ class ShardState:
             raise CheckpointError(f"{where}, but trainer.backend={self.cfg.trainer.backend} cannot resume so: {why}; "
                                   f"resume with {saved} ranks")  # fmt: skip
         if held := sum(ranks["held"]):
-            raise CheckpointError(f"{where}, but it holds {held} rollouts made ahead or queued by dynamic sampling "
-                                  f"on their ranks, which cannot be shared out again; resume with {saved} ranks")  # fmt: skip
+            raise CheckpointError(
+                f"{where}, but it holds {held} rollouts made ahead or queued by dynamic sampling "
+                f"on their ranks, which cannot be shared out again; resume with {saved} ranks"
+            )
         total, rank, size = sum(ranks["samples_trained"]), self.world.rank, self.world.size
         state["progress"]["samples_trained"] = total // size + int(rank < total % size)
 
