@@ -239,8 +239,10 @@ def _streams_over_ranks(cfg: Any, world_size: int) -> str | None:
     tp, pp = cfg.trainer.model_parallel
     data_ranks = world_size // (tp * pp)
     if cfg.data.shards % data_ranks:
-        return (f"data.shards={cfg.data.shards} train streams cannot be shared out over {data_ranks} data-parallel "
-                f"ranks: use a multiple of {data_ranks}")
+        return (
+            f"data.shards={cfg.data.shards} train streams cannot be shared out over {data_ranks} data-parallel "
+            f"ranks: use a multiple of {data_ranks}"
+        )
     return None
 
 
