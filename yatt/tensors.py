@@ -10,7 +10,8 @@ also carries `pixels`: the processor's image tensors once per distinct image pro
 `image_index`: the pixel row each sequence's prompt takes its images from (-1: a text row). The G samples of a
 prompt share one pixel row, so a batch holds a prompt's pixels once, not G times. A mixture-of-experts policy's
 batch may carry `routing`: per input token (the [B, L] layout of input_ids, not the targets'), the experts each
-MoE layer routes it to, [B, L, layers x k] (layer-major), -1 where the router chooses (yatt.models.routing; routing replay).
+MoE layer routes it to, [B, L, layers x k] (layer-major), -1 where the router chooses (yatt.models.routing;
+routing replay).
 """
 
 from __future__ import annotations

@@ -235,9 +235,7 @@ def judged_text(rollout: Rollout, judge: Judge, tokenizer) -> str:
     return tokenizer.decode(rollout.response_ids, skip_special_tokens=False)
 
 
-def sampling_specs(
-    rollout: RolloutConfig, eos: int, routed_experts: bool = False
-) -> tuple[SamplingSpec, SamplingSpec]:
+def sampling_specs(rollout: RolloutConfig, eos: int, routed_experts: bool = False) -> tuple[SamplingSpec, SamplingSpec]:
     """The step's sampling (G samples with log-probs, and with `routed_experts` the experts of every token:
     routing replay r3) and the greedy decoding of evaluation and ReMax."""
     sampling = SamplingSpec(
