@@ -139,3 +139,25 @@ def test_train_steps_report_expert_load_and_the_aux_loss(folder, rollouts):
     tokens = sum(batch.lengths()) * 2  # every real token takes top-2 slots (no prompt shared within a row)
     assert stats["moe/tokens_per_expert_mean"] == pytest.approx(tokens / 4)
     assert stats["moe/tokens_per_expert_max"] >= stats["moe/tokens_per_expert_mean"]
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["rollout.engine.backend=vllm"], "does not return routed experts"),
+        (["algorithm.routing_replay=r2", "algorithm.old_logprobs=rollout"], "skips"),
+        (["trainer.backend=megatron", "trainer.torch=null"], "does not replay MoE routing"),
+        (["rollout.schedule.mode=one_step_off", "rollout.schedule.in_flight=resume"], "in_flight=resume"),
+    ],
+)
+def test_routing_replay_refusals_are_in_the_table(overrides, says):
+    from pathlib import Path
+
+    from yatt.config import ExperimentConfig
+    from yatt.config_loading import ConfigError, load_config
+    from yatt.refusals import REFUSALS
+
+    assert sum("routing_replay" in r.fields for r in REFUSALS) == 4
+    config = Path(__file__).resolve().parents[1] / "configs/quickstart_moe.yaml"
+    with pytest.raises(ConfigError, match=says):
+        load_config(ExperimentConfig, config, overrides)
