@@ -8,7 +8,7 @@ export OMP_NUM_THREADS := 1
 
 PLACEMENT ?= partial
 
-.PHONY: setup quickstart quickstart-genrm quickstart-vl quickstart-vl-genrm quickstart-tools lint format test test-all clean
+.PHONY: setup quickstart quickstart-moe quickstart-genrm quickstart-vl quickstart-vl-genrm quickstart-tools lint format test test-all clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml scripts/setup.sh
 quickstart: setup
 	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
 	$(PY) launch/train.py --nproc 2 --config configs/quickstart.yaml --placement full
+
+# The MoE quickstart: a tiny Qwen3-MoE (8 experts, top-2) SFT'd once, then GRPO with routing replay R3.
+quickstart-moe: setup
+	$(PY) launch/sft.py --config configs/sft_quickstart_moe.yaml
+	$(PY) launch/train.py --nproc 2 --config configs/quickstart_moe.yaml --placement full
 
 # The quickstart with a generative reward model: also builds the tiny judge once (launch/sft.py skips
 # a model folder that exists). PLACEMENT=full runs rollout, GenRM and training one after the other.
@@ -70,7 +75,7 @@ test-all: lint
 
 # Removes only what the quickstarts made: runs/<run.name> of each configs/quickstart*.yaml, their models and data.
 clean:
-	rm -rf runs/quickstart runs/quickstart_genrm runs/quickstart_vl runs/quickstart_vl_genrm runs/quickstart_tools \
+	rm -rf runs/quickstart runs/quickstart_moe runs/quickstart_genrm runs/quickstart_vl runs/quickstart_vl_genrm runs/quickstart_tools \
 		runs/quickstart_rloo runs/quickstart_reinforce_pp runs/quickstart_gspo runs/quickstart_ppo runs/quickstart_is \
 		models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl \
-		models/quickstart-vl-judge models/quickstart-tools-policy data/shapes data/products
+		models/quickstart-vl-judge models/quickstart-tools-policy models/quickstart-moe-policy data/shapes data/products

@@ -17,7 +17,10 @@ for a plug-in class named by import path):
 - `lora` (trainers): True when it trains LoRA adapters (model.lora), else why not, in a few words (absent: it
   does not; a config with model.lora on and such a trainer is refused with that reason);
 - `adapters` (engines): True when its `update_weights` applies LoRA adapters itself (yatt.models.lora's format),
-  which model.lora.sync=adapter needs; such an engine is started with `EngineConfig.max_lora_rank` set.
+  which model.lora.sync=adapter needs; such an engine is started with `EngineConfig.max_lora_rank` set;
+- `routing_replay`: True when it takes part in MoE routing replay (algorithm.routing_replay; trainers: replays
+  `TokenBatch.routing` and records a log-prob pass's; engines: returns the experts each token was routed to,
+  `SamplingSpec.routed_experts`, which r3 needs), else why not, in a few words (absent: it does not).
 
 So the shared config, launcher and engine code ask the entry and never name a backend.
 """
@@ -46,11 +49,12 @@ class Backend:
         env: Callable[[Any], dict] | None = None,
         lora: bool | str = False,
         adapters: bool = False,
+        routing_replay: bool | str = False,
     ):
         if (section is None) != (config is None):
             raise ValueError(f"backend {impl}: a section needs both its key and its config class")
         self.impl, self.section, self.config, self.preflight, self.env = impl, section, config, preflight, env
-        self.lora, self.adapters = lora, adapters
+        self.lora, self.adapters, self.routing_replay = lora, adapters, routing_replay
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return load_object(self.impl)(*args, **kwargs)

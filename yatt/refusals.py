@@ -212,6 +212,59 @@ def _agent_resume(cfg: Any) -> str | None:
     return None
 
 
+def _routing_trainer(cfg: Any) -> str | None:
+    replay = cfg.algorithm.routing_replay
+    if replay == "off":
+        return None
+    trainer = getattr(cfg.trainer.backend_entry, "routing_replay", False)
+    if trainer is not True:
+        why = trainer or "it does not declare routing_replay = True (yatt.backends)"
+        return (
+            f"algorithm.routing_replay={replay}: trainer.backend={cfg.trainer.backend} does not replay MoE "
+            f"routing: {why}; use trainer.backend=torch or routing_replay=off"
+        )
+    return None
+
+
+def _routing_engine(cfg: Any) -> str | None:
+    engine = cfg.rollout.engine
+    if cfg.algorithm.routing_replay != "r3":
+        return None
+    returns = getattr(engine.backend_entry, "routing_replay", False)
+    if returns is not True:
+        why = returns or "it does not declare routing_replay = True (yatt.backends)"
+        return (
+            f"algorithm.routing_replay=r3: rollout.engine.backend={engine.backend} does not return routed "
+            f"experts: {why}; use rollout.engine.backend=hf or routing_replay=r2"
+        )
+    return None
+
+
+def _routing_r2_without_pass(cfg: Any) -> str | None:
+    if cfg.algorithm.routing_replay == "r2" and cfg.algorithm.old_logprobs == "rollout":
+        return (
+            "algorithm.routing_replay=r2 replays the routing of the trainer's old-log-prob pass, which "
+            "algorithm.old_logprobs=rollout skips; use old_logprobs=recompute or reuse, or routing_replay=r3"
+        )
+    return None
+
+
+def _routing_r3_turns(cfg: Any) -> str | None:
+    if cfg.algorithm.routing_replay != "r3":
+        return None
+    if cfg.rollout.multi_turn:
+        return (
+            f"algorithm.routing_replay=r3 with rollout.agent.kind={cfg.rollout.agent.kind} is not implemented (an "
+            "agent loop's trajectories do not carry the engine's routing); use routing_replay=r2"
+        )
+    if cfg.rollout.schedule.in_flight == "resume":
+        return (
+            "algorithm.routing_replay=r3 with rollout.schedule.in_flight=resume is not implemented (a resumed "
+            "sample's routing is not joined across engines); use in_flight=finish or routing_replay=r2"
+        )
+    return None
+
+
 # ---- launch: the ranks launched, a model folder's config.json -------------------------------------------------
 def _partial_devices(cfg: Any, world_size: int) -> str | None:
     p = cfg.placement
@@ -302,6 +355,14 @@ REFUSALS: list[Refusal] = [
             "no room for a response", _agent_no_room),
     Refusal("an agent loop + rollout.schedule.in_flight=resume",
             "a conversation's turns are separate requests whose versions are not kept", _agent_resume),
+    Refusal("algorithm.routing_replay (not off) + a trainer backend without routing replay (megatron)",
+            "only the torch backend replays MoE routing", _routing_trainer),
+    Refusal("algorithm.routing_replay=r3 + an engine that does not return routed experts (vllm)",
+            "R3 replays the experts the engine routed to; vLLM 0.32 captures them on GPUs only", _routing_engine),
+    Refusal("algorithm.routing_replay=r2 + algorithm.old_logprobs=rollout",
+            "R2 replays the routing of the trainer's old-log-prob pass, which rollout skips", _routing_r2_without_pass),
+    Refusal("algorithm.routing_replay=r3 + an agent loop, or rollout.schedule.in_flight=resume",
+            "the engine's routing is not carried through turns or resumed samples yet", _routing_r3_turns),
     Refusal("placement.mode=partial + fewer ranks than min_rollout_devices + min_genrm_devices",
             "each role needs its devices", _partial_devices, launch=True),
     Refusal("data.prompts_per_step not splitting over the data-parallel ranks and mini-batches",

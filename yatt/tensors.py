@@ -8,7 +8,10 @@ Per-token tensors have shape [B, L-1]: column t belongs to target token input_id
 from the logits at position t. `mask` is 1 where that target is a response token. A batch of image prompts
 also carries `pixels`: the processor's image tensors once per distinct image prompt (yatt.models.vision), and
 `image_index`: the pixel row each sequence's prompt takes its images from (-1: a text row). The G samples of a
-prompt share one pixel row, so a batch holds a prompt's pixels once, not G times.
+prompt share one pixel row, so a batch holds a prompt's pixels once, not G times. A mixture-of-experts policy's
+batch may carry `routing`: per input token (the [B, L] layout of input_ids, not the targets'), the experts each
+MoE layer routes it to, [B, L, layers x k] (layer-major), -1 where the router chooses (yatt.models.routing;
+routing replay).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class TokenBatch:
     # row per distinct image prompt, all of one image layout (count and size); empty for text
     pixels: dict[str, Tensor] = field(default_factory=dict)
     image_index: Tensor | None = None  # [B] long: each row's pixel row, -1 for a text row; None: no pixels
+    # MoE routing replay: [B, L, layers x k] long expert indices per input token, -1: the router's own choice
+    routing: Tensor | None = None
 
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
@@ -84,6 +89,7 @@ class TokenBatch:
             self.temperature,
             pixels,
             index,
+            None if self.routing is None else self.routing[rows, :width],
         )
 
     def lengths(self) -> list[int]:
@@ -99,6 +105,7 @@ class TokenBatch:
             self.temperature,
             {k: v.to(device) for k, v in self.pixels.items()},
             None if self.image_index is None else self.image_index.to(device),
+            None if self.routing is None else self.routing.to(device),
         )
 
 

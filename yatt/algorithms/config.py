@@ -136,6 +136,14 @@ class AlgorithmConfig(Section):
         "the engine's log-probs (no pass; off-policy by the engine/trainer mismatch).",
     )
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    routing_replay: Literal["off", "r2", "r3"] = Field(
+        "off",
+        description="A mixture-of-experts policy's routing in the trainer's forwards (yatt.models.routing). off: "
+        "the trainer's router chooses. r2: the update replays the experts of the trainer's own old-log-prob pass "
+        "(the ratio compares one network with itself). r3: both trainer passes replay the experts the rollout "
+        "engine routed each prompt and response token to (returned with its log-probs; the hf engine). Replay "
+        "forces the experts and recomputes their gate weights from the router's logits. A dense policy ignores it.",
+    )
 
     @model_validator(mode="before")
     @classmethod

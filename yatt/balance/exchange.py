@@ -6,11 +6,14 @@ Protocol (every rank runs the same code):
    deterministic, and its parts are mapped to ranks so that as much work as possible stays in place.
 3. `exchange`: only units whose destination differs from their source travel, point to point
    (`World.exchange`: isend/irecv, gloo has no all_to_all), as two flat CPU tensors per (source, destination) pair:
-   int64 [origin rank, origin index, finish code, has images, prompt ids, response ids, response mask] per
-   sample and float64 [reward, logprobs] per sample. When any rank holds image prompts a second round follows:
+   int64 [origin rank, origin index, finish code, has images, routing width, prompt ids, response ids, response
+   mask] per sample and float64 [reward, logprobs] per sample. When any rank holds image prompts a second round follows:
    a float32 buffer of each moved image sample's already-encoded pixel inputs (the trainer's, not the image
    files: a moved sample's images are never read again), sized from the first round's has-images flags and
    the pixel layout the ranks agree on (`_pixel_layout`); text samples of the same step move without pixels.
+   Samples with an MoE engine's routing (Rollout.routed_experts, routing replay r3) send it in a round of their
+   own: int64 (prompt + response tokens) x routing width each, sized from the first round's widths; a pair of
+   ranks between which no such sample moves exchanges nothing in it.
    No pickle; receivers size every buffer from the plan, the flags and the layout.
 A rank's rollouts after the exchange are ordered by origin (rank, index), so a GRPO group (a unit of
 G consecutive samples) stays consecutive. `restore_order` sends per-sample values back to the rank
@@ -164,7 +167,11 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
             raise ValueError(f"sample {s.origin}: {len(s.rollout_logprobs)} logprobs for {len(s.response_ids)} tokens")
         if s.finish_reason not in FINISH_REASONS:
             raise ValueError(f"sample {s.origin}: finish_reason {s.finish_reason!r} is none of {FINISH_REASONS}")
-        ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), int(s.vision is not None)]
+        width = len(s.routed_experts[0]) if s.routed_experts else 0
+        if s.routed_experts and len(s.routed_experts) != len(s.prompt_ids) + len(s.response_ids):
+            raise ValueError(f"sample {s.origin}: routing of {len(s.routed_experts)} tokens, it has "
+                             f"{len(s.prompt_ids) + len(s.response_ids)}")  # fmt: skip
+        ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), int(s.vision is not None), width]
         ints += [*s.prompt_ids, *s.response_ids]
         ints += s.loss_mask()  # an agent loop's response mask (all 1 for a single-turn sample)
         floats += [s.reward, s.baseline, *s.rollout_logprobs]
@@ -173,17 +180,19 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _unpack(
     ints: torch.Tensor, floats: torch.Tensor, origins: list[tuple[int, int]], lengths: Lengths
-) -> tuple[list[Rollout], list[bool]]:
-    """The received samples, and for each whether it has images (its pixels come in the second round)."""
+) -> tuple[list[Rollout], list[bool], list[int]]:
+    """The received samples, for each whether it has images (its pixels come in the second round), and its
+    routing width (0: none; its routing comes in a round of its own)."""
     ints_l, floats_l = ints.tolist(), floats.tolist()
-    out, images, a, b = [], [], 0, 0
+    out, images, widths, a, b = [], [], [], 0, 0
     for rank, index in origins:
         p, r = lengths[rank][index]
         if (ints_l[a], ints_l[a + 1]) != (rank, index):
             raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a : a + 2])}")
-        finish, prompt, response = ints_l[a + 2], ints_l[a + 4 : a + 4 + p], ints_l[a + 4 + p : a + 4 + p + r]
-        mask = ints_l[a + 4 + p + r : a + 4 + p + 2 * r]
+        finish, prompt, response = ints_l[a + 2], ints_l[a + 5 : a + 5 + p], ints_l[a + 5 + p : a + 5 + p + r]
+        mask = ints_l[a + 5 + p + r : a + 5 + p + 2 * r]
         images.append(bool(ints_l[a + 3]))
+        widths.append(ints_l[a + 4])
         out.append(
             Rollout(
                 None,
@@ -197,8 +206,8 @@ def _unpack(
                 response_mask=mask if 0 in mask else [],
             )
         )
-        a, b = a + 4 + p + 2 * r, b + 2 + r
-    return out, images
+        a, b = a + 5 + p + 2 * r, b + 2 + r
+    return out, images, widths
 
 
 # the processor outputs a moved image sample may carry, by code (the layout travels as ints)
@@ -288,7 +297,7 @@ def _unpack_pixels(flat: torch.Tensor, samples: list[Rollout], layout: PixelLayo
 
 def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
     pairs = [lengths[rank][i] for rank, i in origins]
-    return sum(4 + p + 2 * r for p, r in pairs), sum(2 + r for _, r in pairs)
+    return sum(5 + p + 2 * r for p, r in pairs), sum(2 + r for _, r in pairs)
 
 
 def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayout | None = None) -> list[Rollout]:
@@ -313,8 +322,38 @@ def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayo
     arrived = {peer: _unpack(*recvs[peer], origins, plan.lengths) for peer, origins in inbox}
     if layout is not None:
         _exchange_pixels(world, samples, plan, layout, arrived)
-    held += [s for received, _ in arrived.values() for s in received]
+    _exchange_routing(world, samples, plan, arrived)
+    held += [s for received, _, _ in arrived.values() for s in received]
     return sorted(held, key=lambda s: s.origin)
+
+
+def _exchange_routing(
+    world: World, samples: list[Rollout], plan: Plan, arrived: dict[int, tuple[list[Rollout], list[bool], list[int]]]
+) -> None:
+    """The moved samples' MoE routing (point to point, only between ranks that move some), into the samples the
+    first round delivered."""
+    sends, recvs = {}, {}
+    for peer in (p for p in range(world.size) if p != world.rank):
+        moved = [samples[i] for i in plan.moves(world.rank, peer) if samples[i].routed_experts]
+        if moved:
+            flat = [v for s in moved for token in s.routed_experts for v in token]
+            sends[peer] = [torch.tensor(flat, dtype=torch.int64)]
+    for peer, (received, _, widths) in arrived.items():
+        size = sum((len(s.prompt_ids) + len(s.response_ids)) * w for s, w in zip(received, widths))
+        if size:
+            recvs[peer] = [torch.empty(size, dtype=torch.int64)]
+    if not sends and not recvs:
+        return
+    world.exchange(sends, recvs)
+    for peer, (received, _, widths) in arrived.items():
+        if peer not in recvs:
+            continue
+        flat, at = recvs[peer][0].view(-1), 0
+        for s, w in zip(received, widths):
+            n = (len(s.prompt_ids) + len(s.response_ids)) * w
+            if w:
+                s.routed_experts = flat[at : at + n].view(-1, w).tolist()
+            at += n
 
 
 def _exchange_pixels(
@@ -322,7 +361,7 @@ def _exchange_pixels(
     samples: list[Rollout],
     plan: Plan,
     layout: PixelLayout,
-    arrived: dict[int, tuple[list[Rollout], list[bool]]],
+    arrived: dict[int, tuple[list[Rollout], list[bool], list[int]]],
 ) -> None:
     """The second round: each moved image sample's pixel inputs, to the samples the first round delivered."""
     sends, recvs = {}, {}
@@ -330,11 +369,11 @@ def _exchange_pixels(
         moved = [samples[i] for i in plan.moves(world.rank, peer) if samples[i].vision is not None]
         if moved:
             sends[peer] = [_pack_pixels(moved, layout)]
-    for peer, (_, images) in arrived.items():
+    for peer, (_, images, _) in arrived.items():
         if any(images):
             recvs[peer] = [torch.empty(sum(images) * layout.floats)]
     world.exchange(sends, recvs)
-    for peer, (received, images) in arrived.items():
+    for peer, (received, images, _) in arrived.items():
         if any(images):
             _unpack_pixels(recvs[peer][0], [s for s, has in zip(received, images) if has], layout)
 

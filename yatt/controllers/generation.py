@@ -235,8 +235,9 @@ def judged_text(rollout: Rollout, judge: Judge, tokenizer) -> str:
     return tokenizer.decode(rollout.response_ids, skip_special_tokens=False)
 
 
-def sampling_specs(rollout: RolloutConfig, eos: int) -> tuple[SamplingSpec, SamplingSpec]:
-    """The step's sampling (G samples with log-probs) and the greedy decoding of evaluation and ReMax."""
+def sampling_specs(rollout: RolloutConfig, eos: int, routed_experts: bool = False) -> tuple[SamplingSpec, SamplingSpec]:
+    """The step's sampling (G samples with log-probs, and with `routed_experts` the experts of every token:
+    routing replay r3) and the greedy decoding of evaluation and ReMax."""
     sampling = SamplingSpec(
         n=rollout.group_size,
         temperature=rollout.temperature,
@@ -244,6 +245,7 @@ def sampling_specs(rollout: RolloutConfig, eos: int) -> tuple[SamplingSpec, Samp
         max_tokens=rollout.max_new_tokens,
         stop_token_ids=[eos],
         logprobs=True,
+        routed_experts=routed_experts,
     )
     greedy = SamplingSpec(n=1, temperature=0.0, max_tokens=rollout.max_new_tokens, stop_token_ids=[eos], logprobs=False)
     return sampling, greedy

@@ -128,6 +128,8 @@ def step_metrics(
         "rollout/trainer_logprob_diff_max": peaks["rollout/trainer_logprob_diff_max"],
         "rollout/samples": s["samples"],
         **{k: v for k, v in peaks.items() if k.startswith("time/")},
+        # an MoE policy's load-balancing loss and expert load, per optimizer step (yatt.trainers.moe)
+        **{k: v / steps for k, v in update.items() if k.startswith("moe/")},
     }
     if not cfg.balance.enabled:  # what a balance plan would report: max over mean rank workload, nothing moved
         imbalance = peaks["workload"] * world_size / s["workload"] if s["workload"] > 0 else 1.0

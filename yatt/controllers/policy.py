@@ -34,7 +34,22 @@ def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float) -> Tok
         batch.mask = batch.mask * batch.per_token([r.loss_mask() for r in rollouts])
         batch.extras["rollout_logprobs"] *= batch.mask
     batch.temperature = temperature
+    batch.routing = routing_of(rollouts, batch)
     return batch
+
+
+def routing_of(rollouts: list[Rollout], batch: TokenBatch) -> Tensor | None:
+    """The experts the engine routed each prompt and response token to (routing replay r3), [B, L, layers x k],
+    -1 where it recorded none (the last response token, never fed back); None when no rollout carries any."""
+    routed = [r.routed_experts for r in rollouts]
+    width = next((len(tokens[0]) for tokens in routed if tokens), 0)
+    if not width:
+        return None
+    out = torch.full((*batch.input_ids.shape, width), -1, dtype=torch.long)
+    for i, tokens in enumerate(routed):
+        if tokens:
+            out[i, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    return out
 
 
 def old_logprobs(
@@ -56,6 +71,10 @@ def old_logprobs(
     mode = cfg.old_logprobs
     if mode == "reuse" and (not policy_trains or (has_ref and cfg.kl_mode == "reward" and cfg.kl_coef > 0)):
         mode = "recompute"
+    # r2 replays this pass's routing in the update: reuse's on-policy rows would have none in a second epoch
+    # (their first forward is exactly on-policy, so one epoch needs none)
+    if mode == "reuse" and cfg.routing_replay == "r2" and cfg.ppo_epochs > 1:
+        mode = "recompute"
     on_policy = torch.zeros(len(batch))
     batch.extras["on_policy"] = on_policy
     if mode == "rollout":
@@ -65,9 +84,20 @@ def old_logprobs(
     rest = (on_policy == 0).nonzero().flatten()
     old_lp, entropy = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
     if len(rest):
-        lp, ent = trainer.logprobs(batch.select(rest), with_entropy=True)
+        sub = batch.select(rest)
+        r2 = cfg.routing_replay == "r2"  # the update replays the experts of this pass
+        lp, ent = trainer.logprobs(sub, with_entropy=True, **({"record_routing": True} if r2 else {}))
         old_lp[rest, : lp.shape[1]], entropy[rest, : lp.shape[1]] = lp, ent
+        if r2 and sub.routing is not None:
+            keep_routing(batch, rest, sub.routing)
     return old_lp, entropy
+
+
+def keep_routing(batch: TokenBatch, rows: Tensor, routing: Tensor) -> None:
+    """batch.routing's `rows` (created, -1 elsewhere, if the batch had none) := `routing` [len(rows), L', ...]."""
+    if batch.routing is None:
+        batch.routing = torch.full((*batch.input_ids.shape, *routing.shape[2:]), -1, dtype=torch.long)
+    batch.routing[rows[:, None], torch.arange(routing.shape[1])] = routing
 
 
 def advantage_input(

@@ -84,6 +84,7 @@ def group_rollouts(
             version=c.versions[0] if c.versions else -1,
             token_versions=list(c.versions),
             vision=image,
+            routed_experts=c.routed_experts,
         )
         for c in completions
     ]

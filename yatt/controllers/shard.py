@@ -86,7 +86,9 @@ class ControllerShard(ShardState):
         train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
         dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
-        self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id)
+        self.sampling, self.greedy = sampling_specs(
+            cfg.rollout, self.tokenizer.eos_token_id, routed_experts=cfg.algorithm.routing_replay == "r3"
+        )
         # rollout.agent: each sample a conversation of this loop (yatt.controllers.conversations); None: single_turn
         codec = TokenizerCodec(self.tokenizer)
         self.agent = build_loop(cfg.rollout.agent, codec) if cfg.rollout.multi_turn else None

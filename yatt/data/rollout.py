@@ -42,6 +42,9 @@ class Rollout:
     # an agent loop's counts for this trajectory (yatt.agents.base.Trajectory: num_turns, tool_calls,
     # malformed_tool_calls, tool_errors); empty for single_turn
     agent_stats: dict[str, float] = field(default_factory=dict)
+    # routing replay r3 on a mixture-of-experts policy: per prompt and response token, the experts each MoE layer
+    # routed it to in the engine (layers x k ints, layer-major; -1s where none was recorded); empty: none
+    routed_experts: list[list[int]] = field(default_factory=list)
 
     def loss_mask(self) -> list[int]:
         """Per response id: 1 where the trainer scores it (model tokens), 0 for environment tokens."""

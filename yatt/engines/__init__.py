@@ -16,5 +16,8 @@ from yatt.registry import Registry
 
 ENGINES: Registry = Registry(
     "rollout.engine.backend",
-    {"vllm": "yatt.engines.vllm_config:VLLM", "hf": Backend("yatt.engines.hf_engine:HFEngine", adapters=True)},
+    {
+        "vllm": "yatt.engines.vllm_config:VLLM",
+        "hf": Backend("yatt.engines.hf_engine:HFEngine", adapters=True, routing_replay=True),
+    },
 )

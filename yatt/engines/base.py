@@ -22,6 +22,9 @@ class SamplingSpec:
     max_tokens: int = 16
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: bool = True
+    # a mixture-of-experts model: return the experts each prompt and response token was routed to
+    # (Completion.routed_experts; routing replay r3), where the backend declares routing_replay (yatt.backends)
+    routed_experts: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,6 +48,9 @@ class Completion:
     # the weights version each token was sampled with, when a pool resumed an interrupted sample on newer
     # weights (yatt.engines.resume); engines leave it empty
     versions: list[int] = field(default_factory=list)
+    # SamplingSpec.routed_experts on an MoE model: per prompt token then per response token, the experts each MoE
+    # layer routed it to (layers x k ints, layer-major); the last response token, never fed back, has -1s
+    routed_experts: list[list[int]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,6 +62,7 @@ class Completion:
             logprobs=list(d["logprobs"]),
             finish_reason=str(d["finish_reason"]),
             versions=list(d.get("versions", [])),
+            routed_experts=[list(t) for t in d.get("routed_experts", [])],
         )
 
 

@@ -17,6 +17,11 @@ does not truncate to the nucleus); at temperature 0 (greedy) they are of the raw
 A vision-language folder (yatt.models.vision) is served too: a prompt's images come as encoded bytes with
 one placeholder token each, are expanded here with the folder's processor (the same expansion the trainer
 uses), and go into the prefill as pixel tensors; a batch holds prompts with the same image layout only.
+
+A mixture-of-experts folder records, when a request asks (`SamplingSpec.routed_experts`: routing replay r3),
+the experts each MoE layer routed every prompt and generated token to (yatt.models.routing), returned per token
+in `Completion.routed_experts`: the prefill's for the prompt (shared by its samples), each decode step's for the
+token it fed.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +41,7 @@ import torch
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.config import EngineConfig
 from yatt.models.lora import is_adapter_tensor, merge_adapter_updates
+from yatt.models.routing import RoutingPatch, is_moe
 from yatt.models.vision import ImageInputs, Pixels, is_vision_model, load_policy
 from yatt.tensors import DTYPES
 
@@ -79,6 +86,12 @@ class HFEngine:
         self.sleep_supported = self.device.type != "cpu"
         self.model = load_policy(self.model_path, dtype=self.dtype).to(self.device).eval()
         self.images = ImageInputs(self.model_path) if is_vision_model(self.model_path) else None
+        # an MoE model's routers, hooked (inert outside RoutingPatch.active) to record routing when asked; its
+        # load-balancing loss is training's: transformers would compute it on every decode step (and, with a
+        # cache and an attention mask longer than the step's tokens, fail to)
+        self.routing = RoutingPatch(self.model) if is_moe(self.model) else None
+        if getattr(self.model.config, "output_router_logits", False):
+            self.model.config.output_router_logits = False
         config = self.model.config
         config = getattr(config, "text_config", None) or config  # a VL model: its decoder's vocabulary and positions
         self.vocab_size = int(config.vocab_size)
@@ -229,15 +242,22 @@ class HFEngine:
         images = {
             k: v.to(dev, dtype=self.dtype if v.is_floating_point() else v.dtype) for k, v in (pixels or {}).items()
         }  # the prefill alone sees the images
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **images,
-        )
+        record = self.routing if sp.routed_experts else None  # routing replay r3: the experts of every token
+        with record.active() if record else nullcontext():
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **images,
+            )
+            prompt_routes = (
+                [r[width - len(p) :].flatten(1).tolist() for r, p in zip(self._routes(len(prompts)), prompts)]
+                if record
+                else None
+            )
         logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)  # rows: prompt-major, sample-minor
         cache.batch_repeat_interleave(n)
         mask = mask.repeat_interleave(n, dim=0)
@@ -249,6 +269,7 @@ class HFEngine:
         B = len(prompts) * n
         tokens = torch.full((B, T), self.pad_id, dtype=torch.long, device=dev)
         logps = torch.zeros((B, T), dtype=torch.float32, device=dev)
+        routes = torch.full((B, T, self.routing.layers * self.routing.top_k), -1) if record else None
         length = torch.full((B,), T, dtype=torch.long, device=dev)
         stopped = torch.zeros(B, dtype=torch.bool, device=dev)
         cut = torch.zeros(B, dtype=torch.bool, device=dev)  # preempted: "interrupted"
@@ -278,13 +299,16 @@ class HFEngine:
             if t == T - 1:
                 break
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            out = self.model(
-                input_ids=tok[:, None],
-                attention_mask=mask,
-                position_ids=pos[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
+            with record.active() if record else nullcontext():
+                out = self.model(
+                    input_ids=tok[:, None],
+                    attention_mask=mask,
+                    position_ids=pos[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                if record:  # the routing of the token fed at this step: response token t
+                    routes[rows.cpu(), t] = self._routes(len(rows))[:, 0].flatten(1).cpu()
             logits, pos = out.logits[:, -1].float(), pos + 1
         del cache
         tokens, logps, length = tokens.tolist(), logps.tolist(), length.tolist()
@@ -293,7 +317,15 @@ class HFEngine:
             Completion(tokens[r][: length[r]], logps[r][: length[r]] if sp.logprobs else [], reasons[r])
             for r in range(B)
         ]
+        if record:
+            for r, c in enumerate(done):
+                c.routed_experts = prompt_routes[r // n] + routes[r, : length[r]].tolist()
         return [done[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _routes(self, rows: int) -> torch.Tensor:
+        """The last forward's routing as [rows, tokens per row, layers, k]."""
+        routing = self.routing.routing()
+        return routing.view(rows, -1, *routing.shape[1:])
 
     @staticmethod
     def _logprob(logits: torch.Tensor, tok: torch.Tensor, sp: SamplingSpec) -> torch.Tensor:

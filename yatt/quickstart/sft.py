@@ -312,8 +312,12 @@ def lr_factor(cfg: SFTConfig, step: int) -> float:
 
 
 def sft_loss(model, ids: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
-    logits = model(input_ids=ids, attention_mask=(ids != pad_id).long()).logits
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    out = model(input_ids=ids, attention_mask=(ids != pad_id).long())
+    loss = F.cross_entropy(out.logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+    aux = getattr(out, "aux_loss", None)  # an MoE model with output_router_logits: its load-balancing loss
+    if aux is not None:
+        loss = loss + model.config.router_aux_loss_coef * aux
+    return loss
 
 
 def write_folder_atomically(output_dir: Path, write) -> None:

@@ -11,6 +11,11 @@ Batches of image prompts carry `TokenBatch.pixels` once per distinct prompt and 
 A backend knows nothing about RL: the controller hands it
 a loss function, so the policy objective, a value loss or an SFT loss run through the same update.
 
+A mixture-of-experts policy replays `TokenBatch.routing` where it is set (>= 0) in every forward, and a
+`logprobs(..., record_routing=True)` pass leaves the routing it used in the batch it was given (`batch.routing`,
+created if None), so routing replay R2 can replay the old-log-prob pass's routing in the update; a dense policy
+ignores both. Only a backend that declares `routing_replay` (yatt.backends) is asked to record.
+
 `head` says what the model computes per response token. "lm": a causal LM, whose per-token outputs are
 log-probs (`logprobs`). "value": a value model for PPO's critic, the same decoder with one scalar per
 position, whose per-token outputs are values (`values`); its loss_fn gets those values where a policy's
@@ -37,7 +42,9 @@ class Trainer(Protocol):
     reshard_refusal: str | None
     head: str  # "lm" (log-probs) or "value" (values): see the module docstring
 
-    def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    def logprobs(
+        self, batch: TokenBatch, with_entropy: bool = False, record_routing: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of the batch's own tokens under softmax(logits / batch.temperature),
         [B, L-1] on CPU, 0 outside the mask. head="lm" only."""
         ...

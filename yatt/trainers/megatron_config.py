@@ -95,4 +95,5 @@ MEGATRON = Backend(
     preflight=preflight,
     lora="its layers are megatron-core's tensor-parallel linears, which peft does not adapt, and its weights "
     "reach engines and checkpoints as gathered shards, which know no adapters yet",
+    routing_replay="it maps dense qwen2 and llama folders only; MoE on megatron is not built yet",
 )

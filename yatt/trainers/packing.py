@@ -55,6 +55,8 @@ class ModelInputs:
     rows: Tensor  # [M] where each score goes in the micro-batch's [B, L-1] per-token tensors
     cols: Tensor  # [M]
     owner: Tensor | None = None  # packed: [B, L] bool, the tokens the packed row lays down (row-major)
+    index: Tensor | None = None  # packed: [B, L] the packed position each real token reads (a shared prompt's
+    # tokens: its group's first row's), -1 at padding
 
     def tokens(self, values: Tensor) -> Tensor:
         """Per-token values of the micro-batch's [B, L] layout in the model's input layout ([1, N] packed)."""
@@ -123,7 +125,8 @@ def model_inputs(mb: TokenBatch, packed: bool, share_prompts: bool = False) -> M
     if not any(shares):  # what flash-attention's varlen kernel reads (no use for shared prompts)
         cu = torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)]).to(torch.int32)
         kwargs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest, max_length_k=longest)
-    return ModelInputs(kwargs, token_index[rows, cols], targets, rows, cols, owner)
+    index = torch.where(real, token_index, -1)
+    return ModelInputs(kwargs, token_index[rows, cols], targets, rows, cols, owner, index)
 
 
 def packed_attention(

@@ -51,6 +51,19 @@ class TorchConfig(BaseModel):
         "CPUs with AVX-512 BF16, slow on other CPUs; changes the numerics (the rollout-vs-trainer mismatch shows "
         "how much).",
     )
+    router_aux_loss_coef: float | None = Field(
+        None,
+        ge=0.0,
+        description="A mixture-of-experts policy: the weight of the router's load-balancing loss (Switch "
+        "Transformer's, averaged over the MoE layers) added to the update's loss; null: the model config's "
+        "router_aux_loss_coef (0 without one). A dense policy ignores it.",
+    )
 
 
-TORCH = Backend("yatt.trainers.torch_trainer:TorchTrainer", section="torch", config=TorchConfig, lora=True)
+TORCH = Backend(
+    "yatt.trainers.torch_trainer:TorchTrainer",
+    section="torch",
+    config=TorchConfig,
+    lora=True,
+    routing_replay=True,  # yatt.trainers.moe
+)

@@ -11,6 +11,10 @@ image prompt's pixels once (TokenBatch.pixels, .image_index), the vision tower e
 micro-batch, and each row's image slots take their prompt's features (yatt.trainers.scoring.ImageSlots); with
 shared prompts a group's prompt, image tokens included, goes through the decoder once. The packed attention is
 the decoder's only; the vision tower trains unless `freeze_vision`.
+
+A mixture-of-experts policy (yatt.trainers.moe) replays a batch's `routing` where it is set, leaves the routing
+of a log-prob pass in `batch.routing` (routing replay R2 replays it in the update), adds the router's
+load-balancing loss (trainer.torch.router_aux_loss_coef) and reports the experts' load per mini-batch.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ from yatt.balance.micro_batches import micro_batch_rows
 from yatt.checkpoint.export import export_hf
 from yatt.distributed import World
 from yatt.models.lora_config import LoRAConfig
+from yatt.models.routing import is_moe
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_buckets
 from yatt.trainers.base import Trainer
 from yatt.trainers.config import TrainerConfig
 from yatt.trainers.lora import Adapters
-from yatt.trainers.packing import attention_implementation, model_inputs, shared_prompts
+from yatt.trainers.moe import MoE
+from yatt.trainers.packing import ModelInputs, attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer, image_slots
 from yatt.trainers.sharding import full, fully_shard_model, like, local
 from yatt.trainers.torch_config import TorchConfig
@@ -121,6 +127,8 @@ class TorchTrainer:
         self.frozen = freeze_vision_tower(self.module) if self.vision and freeze_vision else set()
         self.weights = self._weights(lora if trainable else None)
         self.scorer = TokenScorer(self.module, own.logprob_chunk_tokens) if head == "lm" else ValueScorer(self.module)
+        # an MoE policy: routing replay, its load-balancing loss and load (hooks on its routers, before sharding)
+        self.moe = MoE(self.module, own.router_aux_loss_coef) if head == "lm" and is_moe(self.module) else None
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
@@ -177,12 +185,15 @@ class TorchTrainer:
             shared=shared_prompts(batch) if self.share_prompts else None,
         )
 
+    def _inputs(self, mb: TokenBatch) -> ModelInputs:
+        return model_inputs(mb, self.packed, self.share_prompts)
+
     def _token_outputs(
-        self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool
+        self, model: torch.nn.Module, mb: TokenBatch, with_entropy: bool, inputs: ModelInputs | None = None
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs (and entropies) of mb's response tokens under softmax(logits / mb.temperature): [B, L-1],
-        zero outside mb.mask."""
-        inputs = model_inputs(mb, self.packed, self.share_prompts)
+        zero outside mb.mask. `inputs`: mb's model inputs if the caller laid them out already."""
+        inputs = inputs or self._inputs(mb)
         if mb.pixels:
             inputs.kwargs["images"] = image_slots(
                 mb, inputs, self.module.config.image_token_id, next(self.module.parameters()).dtype
@@ -196,11 +207,19 @@ class TorchTrainer:
 
         return place(logp), place(ent) if with_entropy else None
 
-    def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask)."""
+    def _routing(self, mb: TokenBatch, inputs: ModelInputs):
+        """An MoE policy's routing patch around one micro-batch's forward (and backward): replays mb.routing where
+        set, records and measures the rest; nothing for a dense model."""
+        return nullcontext() if self.moe is None else self.moe.active(mb, inputs)
+
+    def logprobs(
+        self, batch: TokenBatch, with_entropy: bool = False, record_routing: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Per-token log-probs of the batch's own tokens ([B, L-1], zero outside the mask). `record_routing`
+        (an MoE policy): leave the experts this pass used in batch.routing."""
         if self.head != "lm":
             raise ValueError(f"logprobs() of a {self.head}-head model; it has values()")
-        return self._per_token(batch, with_entropy)
+        return self._per_token(batch, with_entropy, record_routing)
 
     def values(self, batch: TokenBatch) -> Tensor:
         """Per-token values ([B, L-1], zero outside the mask) of a head="value" model."""
@@ -209,18 +228,29 @@ class TorchTrainer:
         return self._per_token(batch, False)[0]
 
     @torch.no_grad()
-    def _per_token(self, batch: TokenBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    def _per_token(
+        self, batch: TokenBatch, with_entropy: bool, record_routing: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """The scorer's per-token outputs (log-probs or values, and entropies) over micro-batches, on CPU."""
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
         micro = self.micro_batches(batch)
         if self.sharded:  # every forward gathers weights with the other ranks: run as many as the busiest rank
             for _ in range(int(self.world.max([float(len(micro))])[0]) - len(micro)):
-                empty = TokenBatch.from_sequences([[0]], [[0]], pad_id=0).to(self.world.device)
-                self._token_outputs(self.scorer, empty, False)
+                empty = self._empty()
+                inputs = self._inputs(empty)
+                with self._routing(empty, inputs):
+                    self._token_outputs(self.scorer, empty, False, inputs)
         for rows in micro:
             mb = batch.select(rows).to(self.world.device)
             # the bare scorer: no DDP hooks for a forward without backward
-            logp, ent = self._token_outputs(self.scorer, mb, with_entropy)
+            inputs = self._inputs(mb)
+            with self._routing(mb, inputs):
+                logp, ent = self._token_outputs(self.scorer, mb, with_entropy, inputs)
+                if self.moe is not None and record_routing:  # what this pass routed to, replayed or not
+                    routed = self.moe.recorded(mb, inputs)
+                    if batch.routing is None:
+                        batch.routing = torch.full((*batch.input_ids.shape, *routed.shape[2:]), -1, dtype=torch.long)
+                    batch.routing[torch.tensor(rows)[:, None], torch.arange(routed.shape[1])] = routed
             rows, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
             logps[rows, width] = logp.cpu()
             if with_entropy:
@@ -243,15 +273,19 @@ class TorchTrainer:
         micro = self.micro_batches(batch)
         count = int(self.world.max([float(len(micro))])[0])
         sums: dict[str, float] = {}
+        tokens = max(1, sum(int(batch.attention_mask[rows].sum()) for rows in micro))
         for i in range(count):
             last = i == count - 1
             sync = nullcontext() if (last or self.model is self.scorer) else self.model.no_sync()
-            with sync:
+            mb = batch.select(micro[i]).to(self.world.device) if i < len(micro) else self._empty()
+            inputs = self._inputs(mb)
+            with sync, self._routing(mb, inputs):
                 if i < len(micro):
-                    mb = batch.select(micro[i]).to(self.world.device)
-                    loss, stats = loss_fn(*self._token_outputs(self.model, mb, with_entropy), mb)
+                    loss, stats = loss_fn(*self._token_outputs(self.model, mb, with_entropy, inputs), mb)
+                    if self.moe is not None:  # the router's load-balancing loss, weighted by the tokens
+                        loss = loss + self.moe.aux_loss(float(mb.attention_mask.sum()) / tokens)
                 else:
-                    loss, stats = self._zero_loss(), {}
+                    loss, stats = self._zero_loss(mb, inputs), {}
                 loss.backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
@@ -264,6 +298,8 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.optimizer_steps += 1
+        if self.moe is not None:
+            sums.update(self.moe.mini_batch_stats(self.world))
         return {
             **sums,
             "grad_norm": grad_norm,
@@ -271,10 +307,13 @@ class TorchTrainer:
             "skipped": float(not math.isfinite(grad_norm)),
         }
 
-    def _zero_loss(self) -> Tensor:
-        """A pass through every parameter with zero gradient: keeps DDP in step on a rank out of data."""
-        mb = TokenBatch.from_sequences([[0]], [[0]], pad_id=0).to(self.world.device)
-        loss = self._token_outputs(self.model, mb, False)[0].sum() * 0.0
+    def _empty(self) -> TokenBatch:
+        return TokenBatch.from_sequences([[0]], [[0]], pad_id=0).to(self.world.device)
+
+    def _zero_loss(self, mb: TokenBatch, inputs: ModelInputs) -> Tensor:
+        """A pass through every parameter with zero gradient (`mb`: `_empty()`): keeps DDP in step on a rank out
+        of data."""
+        loss = self._token_outputs(self.model, mb, False, inputs)[0].sum() * 0.0
         if self.vision:  # a text pass leaves the vision tower out of the graph; DDP needs every trained weight in it
             loss = loss + sum(p.reshape(-1)[0] for p in self.module.parameters() if p.requires_grad) * 0.0
         return loss

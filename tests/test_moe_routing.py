@@ -1,0 +1,163 @@
+"""Mixture-of-experts routing replay on a real tiny Qwen3-MoE folder (yatt.models.routing, yatt.trainers.moe):
+the hf engine returns the experts of every token; the torch trainer replaying them gives the engine's log-probs
+(R3), while with a perturbed router and no replay they differ; an R2 forward replaying a recorded pass equals
+it exactly, packed with shared prompts or padded; balancing moves routing with its samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from yatt.controllers.policy import routing_of, token_batch
+from yatt.data.rollout import Rollout
+from yatt.distributed import World
+from yatt.engines.base import SamplingSpec, generate
+from yatt.engines.config import EngineConfig
+from yatt.engines.hf_engine import HFEngine
+from yatt.models.routing import RoutingPatch
+from yatt.models.tiny import TinyModelConfig, build_tiny_model, write_tiny_model
+from yatt.trainers.config import TrainerConfig
+from yatt.trainers.torch_trainer import TorchTrainer
+
+MOE = TinyModelConfig(
+    architecture="qwen3_moe",
+    alphabet="0123456789+=",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
+WORLD = World(0, 1, 0, torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("moe") / "policy", MOE, seed=3)
+
+
+@pytest.fixture(scope="module")
+def rollouts(folder):
+    """Two prompts x 4 samples from the hf engine, with their routing."""
+    engine = HFEngine(str(folder), EngineConfig(), seed=0)
+    prompts = [[4, 5, 13, 6, 14], [7, 13, 8, 8, 14]]  # "1+2=", "4+55=" in the digit alphabet's ids
+    sp = SamplingSpec(n=4, temperature=1.0, max_tokens=6, routed_experts=True)
+    groups = generate(engine, prompts, sp, seeds=[1, 100])
+    out = []
+    for prompt, group in zip(prompts, groups):
+        for c in group:
+            out.append(Rollout(None, prompt, c.token_ids, c.logprobs, c.finish_reason, routed_experts=c.routed_experts))
+    return out
+
+
+def trainer(folder, **cfg) -> TorchTrainer:
+    return TorchTrainer(folder, TrainerConfig(micro_batch_size=64, **cfg), WORLD, trainable=False)
+
+
+def test_the_engine_returns_the_experts_of_every_token(rollouts):
+    for r in rollouts:
+        assert len(r.routed_experts) == len(r.prompt_ids) + len(r.response_ids)
+        assert all(len(t) == 2 * 2 for t in r.routed_experts)  # layers x top-k
+        assert r.routed_experts[-1] == [-1] * 4  # the last token is never fed back
+        assert all(0 <= e < 4 for t in r.routed_experts[:-1] for e in t)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_replaying_the_engines_routing_gives_its_logprobs(folder, rollouts, share):
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    engine = batch.extras["rollout_logprobs"]
+    lp, _ = trainer(folder, share_prompts=share).logprobs(batch)
+    assert (lp - engine).abs().max() < 1e-4
+
+
+def test_a_perturbed_router_differs_without_replay_and_agrees_with_it(folder, rollouts):
+    """The engine routed with one router; the trainer's is nudged so that its own top-k changes: replayed, the
+    log-probs stay within float noise of what the same nudged model gives on the engine's experts."""
+    t = trainer(folder)
+    with torch.no_grad():
+        for router in RoutingPatch(t.module).routers:
+            router.weight.add_(torch.randn_like(router.weight) * 0.5, alpha=1.0)
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    replayed, _ = t.logprobs(batch)
+    routing, batch.routing = batch.routing, None
+    free, _ = t.logprobs(batch, record_routing=True)
+    mask = batch.mask.bool()
+    assert (free - replayed)[mask].abs().max() > 1e-3
+    real = routing[:, :, 0] >= 0
+    assert (batch.routing[real] != routing[real]).any()  # the nudged router chose other experts
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_r2_replays_a_recorded_pass_exactly(folder, rollouts, packed):
+    t = trainer(folder, pack_sequences=packed)
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    batch.routing = None
+    recorded, _ = t.logprobs(batch, record_routing=True)
+    assert batch.routing is not None
+    # the rows in another order and grouping (a mini-batch's): the routing follows each row
+    order = torch.tensor([5, 0, 7, 2])
+    sub = batch.select(order)
+    again, _ = t.logprobs(sub)
+    assert torch.equal(again, recorded[order][:, : again.shape[1]])
+
+
+def test_routing_of_lays_rollouts_out_per_token(rollouts):
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    routing = routing_of(rollouts, batch)
+    assert routing.shape == (*batch.input_ids.shape, 4)
+    r = rollouts[0]
+    assert routing[0, : len(r.routed_experts)].tolist() == r.routed_experts
+    assert routing_of([Rollout(None, [1], [2], [0.0], "stop")], batch) is None
+
+
+def test_the_patch_refuses_a_dense_model():
+    dense = build_tiny_model(TinyModelConfig(architecture="qwen3"), 20, 2, 0, 0)
+    with pytest.raises(ValueError, match="no mixture-of-experts router"):
+        RoutingPatch(dense)
+
+
+def test_train_steps_report_expert_load_and_the_aux_loss(folder, rollouts):
+    from yatt.trainers.torch_config import TorchConfig
+
+    t = TorchTrainer(
+        folder,
+        TrainerConfig(micro_batch_size=3, share_prompts=False, torch=TorchConfig(router_aux_loss_coef=0.1)),
+        WORLD,
+        total_steps=2,
+    )
+    assert t.moe.aux_loss_coef == 0.1
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+
+    def loss_fn(logp, ent, mb):
+        return -(logp * mb.mask).sum() / 100, {}
+
+    stats = t.train_mini_batch(batch, loss_fn)
+    assert stats["moe/aux_loss"] > 0
+    tokens = sum(batch.lengths()) * 2  # every real token takes top-2 slots (no prompt shared within a row)
+    assert stats["moe/tokens_per_expert_mean"] == pytest.approx(tokens / 4)
+    assert stats["moe/tokens_per_expert_max"] >= stats["moe/tokens_per_expert_mean"]
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["rollout.engine.backend=vllm"], "does not return routed experts"),
+        (["algorithm.routing_replay=r2", "algorithm.old_logprobs=rollout"], "skips"),
+        (["trainer.backend=megatron", "trainer.torch=null"], "does not replay MoE routing"),
+        (["rollout.schedule.mode=one_step_off", "rollout.schedule.in_flight=resume"], "in_flight=resume"),
+    ],
+)
+def test_routing_replay_refusals_are_in_the_table(overrides, says):
+    from pathlib import Path
+
+    from yatt.config import ExperimentConfig
+    from yatt.config_loading import ConfigError, load_config
+    from yatt.refusals import REFUSALS
+
+    assert sum("routing_replay" in r.fields for r in REFUSALS) == 4
+    config = Path(__file__).resolve().parents[1] / "configs/quickstart_moe.yaml"
+    with pytest.raises(ConfigError, match=says):
+        load_config(ExperimentConfig, config, overrides)

@@ -1,0 +1,95 @@
+"""A mixture-of-experts policy on the torch backend: routing replay in the trainer's layout, the router's
+load-balancing loss and the experts' load per step.
+
+`yatt.models.routing.RoutingPatch` works in the model's input layout: the N tokens of the decoder's flattened
+input (a padded micro-batch's B x L, a packed one's N real tokens, a shared prompt once). A `TokenBatch` keeps
+routing per sample ([B, L, layers x k], `TokenBatch.routing`), so it follows each sample through balancing,
+mini-batches and packing; `forced` lays a micro-batch's routing out as the model reads it and `per_sample` lays
+what a forward recorded back per sample (a shared prompt's tokens take the routing of the one copy the packed
+row holds).
+
+Read: `MoE.forward` (one micro-batch: replay, record, measure) and `MoE.mini_batch_stats`.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+from torch import Tensor, nn
+
+from yatt.distributed import World
+from yatt.models.routing import RoutingPatch
+from yatt.tensors import TokenBatch
+from yatt.trainers.packing import ModelInputs
+
+
+def forced(mb: TokenBatch, inputs: ModelInputs, layers: int, top_k: int) -> Tensor | None:
+    """mb.routing in the model's layout, [N, layers, k] (None: no routing to replay)."""
+    if mb.routing is None:
+        return None
+    routing = mb.routing[inputs.owner] if inputs.owner is not None else mb.routing  # packed: the row's tokens
+    return routing.reshape(-1, layers, top_k)
+
+
+def real_tokens(mb: TokenBatch, inputs: ModelInputs) -> Tensor | None:
+    """[N] bool, the model input's real tokens (None: all of them, as a packed row's)."""
+    return None if inputs.owner is not None else mb.attention_mask.reshape(-1).bool()
+
+
+def per_sample(recorded: Tensor, mb: TokenBatch, inputs: ModelInputs) -> Tensor:
+    """A forward's routing [N, layers, k] as mb's [B, L, layers x k], -1 at padding."""
+    count, width = mb.input_ids.shape
+    recorded = recorded.flatten(1)
+    tail = recorded.shape[1:]
+    if inputs.index is not None:
+        index = inputs.index
+        out = recorded.new_full((count, width, *tail), -1)
+        real = index >= 0
+        out[real] = recorded[index[real]]
+        return out
+    out = recorded.reshape(count, width, *tail).clone()
+    out[~mb.attention_mask.bool()] = -1
+    return out
+
+
+class MoE:
+    """The routing patch of one MoE policy and its load-balancing coefficient."""
+
+    def __init__(self, module: nn.Module, aux_loss_coef: float | None):
+        self.patch = RoutingPatch(module)
+        # trainer.torch.router_aux_loss_coef, else the model config's (transformers' own default)
+        default = getattr(module.config, "router_aux_loss_coef", 0.0)
+        self.aux_loss_coef = float(default if aux_loss_coef is None else aux_loss_coef)
+        self.load = torch.zeros(self.patch.layers, self.patch.num_experts)
+        self.aux = 0.0
+
+    def active(self, mb: TokenBatch, inputs: ModelInputs) -> AbstractContextManager[RoutingPatch]:
+        """Replay mb's routing (where set) and record this forward's; keep backward inside too (a recompute)."""
+        routing = forced(mb, inputs, self.patch.layers, self.patch.top_k)
+        return self.patch.active(routing, real_tokens(mb, inputs))
+
+    def recorded(self, mb: TokenBatch, inputs: ModelInputs) -> Tensor:
+        """The routing the last forward used, per sample [B, L, layers x k] on CPU."""
+        return per_sample(self.patch.routing(), mb, inputs).cpu()
+
+    def aux_loss(self, share: float) -> Tensor:
+        """This micro-batch's load-balancing loss times the coefficient and its `share` of the rank's tokens
+        (the mini-batch's loss is then the token-weighted mean); counts its load for the step's metrics."""
+        self.load += self.patch.expert_tokens()
+        aux = self.patch.aux_loss()
+        self.aux += float(aux.detach()) * share
+        return aux * (self.aux_loss_coef * share)
+
+    def mini_batch_stats(self, world: World) -> dict[str, float]:
+        """moe/ metrics of the mini-batch (summed over ranks: a collective), and reset: the load-balancing loss
+        (this rank's), tokens per expert (top-k slots) max and mean, averaged over the MoE layers."""
+        load = torch.tensor(world.sum(self.load.flatten().tolist())).view_as(self.load)
+        stats = {
+            "moe/aux_loss": self.aux,
+            "moe/tokens_per_expert_max": float(load.max(dim=1).values.mean()),
+            "moe/tokens_per_expert_mean": float(load.mean(dim=1).mean()),
+        }
+        self.load.zero_()
+        self.aux = 0.0
+        return stats
