@@ -160,8 +160,6 @@ def test_refusals_new_to_the_table_are_found_before_any_rank_starts(tmp_path, mo
     path = write_config(tmp_path, model_dir)
     with pytest.raises(ConfigError, match=r"algorithm.advantage.k=9 must be between 1 and rollout.group_size=8"):
         load_experiment(path, ["algorithm.advantage.kind=grpo_passk", "algorithm.advantage.k=9"])
-    with pytest.raises(ConfigError, match="model.lora with trainer.torch.parallel=fsdp2 is not supported yet"):
-        load_experiment(path, ["model.lora.rank=4", "trainer.torch.parallel=fsdp2"])
     vl = write_tiny_vl_model(tmp_path / "vl")
     agent = ["rollout.agent.kind=tool_loop", "rollout.agent.tools={c: {kind: calculator}}", f"model.path={vl}"]
     with pytest.raises(ConfigError, match="agent loops take text prompts only, and model.path is a vision-language"):

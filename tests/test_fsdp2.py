@@ -130,13 +130,55 @@ def test_two_shards_train_as_one_rank_and_resume_exactly(tmp_path, policy, one_r
     assert all(torch.equal(exported.state_dict()[k], v) for k, v in gathered.items())
 
 
-def test_lora_under_fsdp2_is_refused_in_one_line(tmp_path, policy):
+LORA = dict(rank=4, alpha=8, target_modules=["q_proj", "v_proj", "up_proj"])
+
+
+def lora_body(world, folder: str, batch, denominators: tuple, out: str) -> dict:
+    """LoRA adapters under fsdp2: this rank's rows, two steps; what engines get (merged), the reference's log-probs
+    (adapter off) and the export with its adapter folder."""
     from yatt.models.lora_config import LoRAConfig
 
-    cfg = TrainerConfig(torch=TorchConfig(parallel="fsdp2"))
-    world = World(0, 2, 0, torch.device("cpu"))  # grouped: 2 ranks (nothing is sharded before the refusal)
-    with pytest.raises(ValueError, match="model.lora with trainer.torch.parallel=fsdp2 is not supported yet"):
-        TorchTrainer(policy, cfg, world, lora=LoRAConfig(rank=4))
+    size = world.size
+    cfg = TrainerConfig(**TRAIN, torch=TorchConfig(parallel="fsdp2" if size > 1 else "ddp"))
+    torch.manual_seed(world.rank)  # the adapters start from rank 0's A on every rank, as under DDP
+    trainer = TorchTrainer(folder, cfg, world, total_steps=4, lora=LoRAConfig(**LORA))
+    mine = batch if size == 1 else batch.select(ROWS[world.rank])
+    loss = Algorithm(AlgorithmConfig()).objective(denominators[0] / size, denominators[1] / size, denominators[2])
+    stats = [trainer.train_mini_batch(mine, loss) for _ in range(2)]
+    pushed = {k: v.clone() for bucket in trainer.engine_weights(1 << 14) for k, v in bucket}
+    reference, _ = trainer.reference().logprobs(mine)
+    trainer.save_hf(out, _tokenizer(folder))
+    adapters = {n: p.to_local().numel() if size > 1 else p.numel() for n, p in trainer.weights.state().items()}
+    return {"stats": stats, "pushed": pushed, "reference": reference, "adapters": adapters}
+
+
+def test_lora_adapters_train_sharded_as_on_one_rank(tmp_path, policy, one_rank):
+    """model.lora under fsdp2 at 2 ranks: each rank holds part of every adapter; two steps give the one-rank run's
+    merged weights and grad norms (<= 1e-5); the reference is the base model; the export has peft's adapter."""
+    args = (str(policy), one_rank["batch"], one_rank["denominators"])
+    (alone,) = run_ranks(1, lora_body, tmp_path / "one", *args, str(tmp_path / "one-export"))
+    sharded = run_ranks(2, lora_body, tmp_path / "two", *args, str(tmp_path / "two-export"))
+    for name, count in alone["adapters"].items():
+        assert sharded[0]["adapters"][name] + sharded[1]["adapters"][name] == count, name
+    for r in sharded:
+        assert set(r["pushed"]) == set(alone["pushed"])
+        for name, want in alone["pushed"].items():
+            assert float((r["pushed"][name] - want).abs().max()) <= 1e-5, name
+        for step, want in zip(r["stats"], alone["stats"]):
+            assert close(step["grad_norm"], want["grad_norm"]), (step, want)
+    for rank, r in enumerate(sharded):  # the reference: the base model's log-probs
+        want = one_rank["logp"][ROWS[rank], : r["reference"].shape[1]]
+        assert float((r["reference"] - want).abs().max()) <= 1e-5
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    assert (tmp_path / "two-export" / "adapter" / "adapter_config.json").exists()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "two-export").state_dict()
+    adapted = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(policy), tmp_path / "two-export" / "adapter"
+    )
+    base = adapted.merge_and_unload().state_dict()
+    assert all(float((merged[k] - base[k]).abs().max()) <= 1e-5 for k in merged)
 
 
 class _Trained:

@@ -169,10 +169,6 @@ def _lora_trainer(cfg: Any) -> str | None:
             f"model.lora.rank={lora.rank}: trainer.backend={cfg.trainer.backend} does not train LoRA adapters "
             f"yet: {why}; use trainer.backend=torch or model.lora.rank=0"
         )
-    if getattr(cfg.trainer.backend_config, "parallel", "ddp") == "fsdp2":
-        return (
-            "model.lora with trainer.torch.parallel=fsdp2 is not supported yet; use parallel=ddp or model.lora.rank=0"
-        )
     return None
 
 
@@ -347,8 +343,8 @@ REFUSALS: list[Refusal] = [
             _checkpoint_between_syncs),
     Refusal("rollout.engine.max_model_len < the longest prompt + response (or trajectory)",
             "the engine could not hold a rollout", _engine_too_short),
-    Refusal("model.lora + a trainer backend without LoRA (megatron), or trainer.torch.parallel=fsdp2",
-            "only the torch backend's DDP trains adapters", _lora_trainer),
+    Refusal("model.lora + a trainer backend without LoRA (megatron)",
+            "only the torch backend trains adapters", _lora_trainer),
     Refusal("model.lora.sync=adapter + an engine without adapters (hf), or max_lora_rank < rank",
             "the engine must serve the adapters it is sent", _lora_engine),
     Refusal("an agent loop + rollout.agent.max_trajectory_tokens <= data.max_prompt_tokens",

@@ -32,6 +32,7 @@ from yatt.checkpoint.export import ADAPTER_DIR, export_hf
 from yatt.models.lora import FUSED, A, B, adapter_update, merged_weight
 from yatt.models.lora_config import LoRAConfig
 from yatt.tensors import NamedTensors
+from yatt.trainers.sharding import full, local
 
 ADAPTER = "default"  # peft's name of the one adapter
 PEFT_PREFIX = "base_model.model."  # where peft's PeftModel keeps the Hugging Face model
@@ -99,7 +100,8 @@ class Adapters:
         ]
 
     def state(self) -> dict[str, Tensor]:
-        """Live references to every adapter tensor, by module name + ``.lora_A`` / ``.lora_B``."""
+        """Live references to every adapter tensor, by module name + ``.lora_A`` / ``.lora_B`` (with fsdp2 DTensors,
+        which a checkpoint saves as this rank's rows)."""
         out = {}
         for name, layer in self.layers.items():
             out[name + A] = layer.lora_A[ADAPTER].weight.detach()
@@ -115,7 +117,7 @@ class Adapters:
                 f"checkpoint adapters do not fit model.lora: missing {missing[:5]}, unexpected {extra[:5]}"
             )
         for name, tensor in live.items():
-            tensor.copy_(state[name])
+            local(tensor).copy_(local(state[name]))
 
     # ---- the reference model -------------------------------------------------------------------
     def reference(self, trainer: Any) -> AdapterOff:
@@ -130,13 +132,18 @@ class Adapters:
     # ---- merged weights ------------------------------------------------------------------------
     def _merged(self, name: str, state: dict[str, Tensor], host: bool) -> Tensor:
         """An adapted layer's merged weight with the adapters of `state`, on the host (`host`: a snapshot's host
-        copies) or on the model's device (the live adapters)."""
-        base = self.layers[name].get_base_layer().weight.detach()
-        return merged_weight(base.to("cpu") if host else base, state[name + A], state[name + B], self.scaling[name])
+        copies) or on the model's device (the live adapters); with fsdp2 each piece gathered (a collective)."""
+        base = full(self.layers[name].get_base_layer().weight.detach())
+        a, b = full(state[name + A]), full(state[name + B])
+        return merged_weight(base.to("cpu") if host else base, a, b, self.scaling[name])
 
-    def base_weights(self) -> NamedTensors:
-        """The frozen base under Hugging Face names (tied weights once), detached."""
-        return [(hf_name(n), p.detach()) for n, p in self.module.named_parameters() if ".lora_" not in n]
+    def base_weights(self, modules: set[str] | None = None) -> Iterator[tuple[str, Tensor]]:
+        """The frozen base under Hugging Face names (tied weights once), detached, of `modules` only if given; with
+        fsdp2 each gathered when it is reached (a collective: every rank asks for the same modules)."""
+        for n, p in self.module.named_parameters():
+            name = hf_name(n)
+            if ".lora_" not in n and (modules is None or name.rpartition(".")[0] in modules):
+                yield name, full(p.detach())
 
     def hf_weights(self, state: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         """The whole policy under Hugging Face names, adapted layers merged; `state`: adapters of a snapshot (the
@@ -159,10 +166,10 @@ class Adapters:
             return [
                 t
                 for name in self.layers
-                for t in adapter_update(name, state[name + A], state[name + B], self.scaling[name])
+                for t in adapter_update(name, full(state[name + A]), full(state[name + B]), self.scaling[name])
             ]
         by_module: dict[str, NamedTensors] = {}
-        for name, tensor in self.base_weights():
+        for name, tensor in self.base_weights(set(self.sent)):
             by_module.setdefault(name.rpartition(".")[0], []).append((name, tensor))
         return [
             (name, self._merged(module, state, False) if module in self.layers and name == f"{module}.weight" else t)
@@ -178,17 +185,20 @@ class Adapters:
         self.save_adapter(Path(folder) / ADAPTER_DIR)
 
     # ---- peft's adapter folder -----------------------------------------------------------------
-    def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None) -> None:
+    def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None, write: bool = True) -> None:
         """peft's adapter folder of `state` (a snapshot's adapters; None: the live ones), which
-        `PeftModel.from_pretrained(base_model, folder)` loads."""
+        `PeftModel.from_pretrained(base_model, folder)` loads. With fsdp2 every rank calls it (the live adapters are
+        gathered) and the one with `write` writes it."""
         from peft import get_peft_model_state_dict
 
         state = self.state() if state is None else state
-        full = {}
+        named = {}
         for name in self.layers:
-            full[f"{PEFT_PREFIX}{name}.lora_A.{ADAPTER}.weight"] = state[name + A]
-            full[f"{PEFT_PREFIX}{name}.lora_B.{ADAPTER}.weight"] = state[name + B]
-        tensors = get_peft_model_state_dict(self.peft, state_dict=full, save_embedding_layers=False)
+            named[f"{PEFT_PREFIX}{name}.lora_A.{ADAPTER}.weight"] = full(state[name + A])
+            named[f"{PEFT_PREFIX}{name}.lora_B.{ADAPTER}.weight"] = full(state[name + B])
+        if not write:
+            return
+        tensors = get_peft_model_state_dict(self.peft, state_dict=named, save_embedding_layers=False)
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         save_file({k: t.contiguous() for k, t in tensors.items()}, str(folder / "adapter_model.safetensors"))

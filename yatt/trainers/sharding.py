@@ -51,6 +51,13 @@ def fully_shard_model(module: nn.Module, scorer: nn.Module, world: World, cfg: T
         "mp_policy": mixed or MixedPrecisionPolicy(),
         **({"offload_policy": CPUOffloadPolicy()} if cfg.cpu_offload else {}),
     }
+    # DDP starts every rank from rank 0's weights; fully_shard keeps each rank's own rows, so a weight initialised at
+    # random (LoRA's A, a critic's new value head) would start differently on each rank: broadcast what trains
+    import torch.distributed as dist
+
+    for p in scorer.parameters():
+        if p.requires_grad:
+            dist.broadcast(p.data, src=world.global_rank(0), group=world.group)
     for layer in decoder_layers(module):
         fully_shard(layer, reshard_after_forward=cfg.reshard_after_forward, **options)
     fully_shard(scorer, **options)

@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
-from yatt.checkpoint.export import export_hf
+from yatt.checkpoint.export import ADAPTER_DIR, export_hf
 from yatt.distributed import World
 from yatt.models.lora_config import LoRAConfig
 from yatt.models.routing import is_moe
@@ -142,8 +142,6 @@ class TorchTrainer:
         if trainable and own.activation_checkpointing:  # recompute each decoder layer in backward, not store it
             self.module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if self.sharded:
-            if not isinstance(self.weights, FullWeights):
-                raise ValueError("model.lora with trainer.torch.parallel=fsdp2 is not supported yet; use parallel=ddp")
             fully_shard_model(self.module, self.scorer, world, own)
         if not trainable:
             return
@@ -425,3 +423,4 @@ class TorchTrainer:
             export_hf(Path(folder), weights, self.module.config, tokenizer)
             if self.module.can_generate():
                 self.module.generation_config.save_pretrained(str(folder))
+        self.weights.save_adapter(Path(folder) / ADAPTER_DIR, write=self.world.is_main)

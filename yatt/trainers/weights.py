@@ -50,8 +50,9 @@ class Weights(Protocol):
 
     def load_state(self, state: dict[str, Tensor]) -> None: ...
 
-    def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None) -> None:
-        """An export's adapter folder of a snapshot's `state` (None: live); nothing when there are no adapters."""
+    def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None, write: bool = True) -> None:
+        """An export's adapter folder of a snapshot's `state` (None: live, gathered with fsdp2: every rank calls it
+        and the one with `write` writes); nothing when there are no adapters."""
         ...
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
@@ -100,7 +101,7 @@ class FullWeights:
         for name, p in params.items():
             local(p).copy_(local(state[name]))
 
-    def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None) -> None:
+    def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None, write: bool = True) -> None:
         """No adapters: the policy folder is the weights alone."""
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
