@@ -306,3 +306,17 @@ def test_async(tmp_path):
     assert [e["samples"] for e in sync["evals"]] == [e["samples"] for e in ahead["evals"]] == [0, 128, 256, 384]
     assert all(r["samples_per_s"] > 0 and 0 < r["trainer_busy"] <= 1 for r in rows)
     assert "samples_per_s / sync" in out
+
+
+@pytest.mark.engine
+def test_weight_sync(tmp_path):
+    """zmq and shm syncs of the quickstart-shaped policy into one hf engine: the socket carries only descriptors."""
+    out = run(
+        "weight_sync.py", "--models", "quickstart", "--engines", "hf", "--repeats", "1", "--out", str(tmp_path / "ws"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    report = results(tmp_path / "ws.json", tmp_path)
+    got = report["results"]["quickstart/hf"]
+    assert len(got["zmq"]["seconds"]) == len(got["shm"]["seconds"]) == 1
+    assert got["zmq"]["socket_bytes"][0] > got["weight_bytes"] > 100 * got["shm"]["socket_bytes"][0]
+    assert "| quickstart | 0.79M | hf | shm |" in (tmp_path / "ws.md").read_text() and "shm" in out

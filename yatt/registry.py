@@ -16,7 +16,8 @@ rollout.engine.backend (ENGINES), algorithm.advantage.kind (ADVANTAGES), algorit
 (POLICY_LOSSES), algorithm.kl_estimator (KL_ESTIMATORS), algorithm.loss_agg (LOSS_AGGREGATIONS),
 balance.partitioner (PARTITIONERS), a row's data_source (yatt.rewards.rules.RULES; reward.verifiers adds to it),
 data.<split>.kind (yatt.data.sources.FILE_READERS), rollout.agent.kind (yatt.agents.AGENT_LOOPS),
-rollout.agent.tools.<name>.kind (yatt.tools.TOOLS).
+rollout.agent.tools.<name>.kind (yatt.tools.TOOLS), rollout.engine.weight_transport
+(yatt.transport.weights.WEIGHT_TRANSPORTS; registered names only: the engine process must know it too).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -29,7 +30,12 @@ from yatt.engines.server import advertised_address
 from yatt.registry import is_import_path
 from yatt.tensors import DTYPES, weight_buckets
 from yatt.transport.codec import new_secret
-from yatt.transport.rpc import RpcClient
+from yatt.transport.rpc import RemoteError, RpcClient
+from yatt.transport.weights import WEIGHT_TRANSPORTS
+from yatt.transport.weights.base import WeightTransport
+from yatt.transport.weights.choose import AUTO, preferred
+
+log = logging.getLogger(__name__)
 
 TORCHRUN_VARS = frozenset({
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -142,6 +148,7 @@ class EngineClient:
         self.client_id = uuid.uuid4().hex[:12]
         self._closed = False
         self._rpc = RpcClient(endpoint, secret, cfg.request_timeout_s, liveness=self._check_alive)
+        self._weights: WeightTransport | None = None  # chosen at the first update (auto probes the engine)
         atexit.register(self.close)
 
     @property
@@ -229,17 +236,57 @@ class EngineClient:
         return [results[i] for i in range(len(prompts))]
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Send weights in layer-aligned buckets of at most ``weight_bucket_mb`` MB.
+        """Send weights in layer-aligned buckets of at most ``weight_bucket_mb`` MB, one RPC each, through the
+        weight transport (`weight_transport`: the tensors inside the message, or a shared-memory segment).
 
-        Floating tensors are cast to the engine dtype here, so no more bytes travel than the
+        Floating tensors are cast to the engine dtype on the way, so no more bytes travel than the
         engine keeps, except float64 ones (exact scalars such as a LoRA adapter's scaling: no weight is float64);
-        each bucket is applied before the next is sent, bounding extra memory.
+        each bucket is applied before the next is sent, bounding extra memory. Call `finish_sync` after the
+        last bucket of a sync: it frees the transport's buffers (the next sync makes them again).
         """
         engine = DTYPES[self.cfg.dtype]
         cast = lambda t: engine if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
-        prepared = [(name, t.detach().to("cpu", dtype=cast(t)).contiguous()) for name, t in named_tensors]
-        for bucket in weight_buckets(prepared, self.cfg.weight_bucket_mb * (1 << 20)):
-            self._call("update_weights", named_tensors=bucket)
+        named_tensors = list(named_tensors)
+        # bucketed by the bytes each tensor has in the engine's dtype (meta tensors: sizes without copies)
+        sized = [(name, torch.empty(t.shape, dtype=cast(t), device="meta")) for name, t in named_tensors]
+        transport = self.weight_transport()
+        start = 0
+        for bucket in weight_buckets(sized, self.cfg.weight_bucket_mb * (1 << 20)):
+            part, start = named_tensors[start : start + len(bucket)], start + len(bucket)
+            self._call("update_weights", **transport.pack(part, cast))
+
+    def finish_sync(self) -> None:
+        """The sync is over: the weight transport frees what only a sync needs (shm: its segment)."""
+        if self._weights is not None:
+            self._weights.finish()
+
+    def weight_transport(self) -> WeightTransport:
+        """The transport this client's updates use, chosen once: `cfg.weight_transport`, or for auto shm if the
+        engine is on this host and maps a probe segment (a container with its own /dev/shm does not), else zmq."""
+        if self._weights is None:
+            choice = preferred(self.cfg.weight_transport, self.endpoint)
+            transport = WEIGHT_TRANSPORTS.get(choice)()
+            if self.cfg.weight_transport == AUTO and choice != "zmq" and not self._probe(transport):
+                transport.close()
+                transport = WEIGHT_TRANSPORTS.get("zmq")()
+            self._weights = transport
+        return self._weights
+
+    def _probe(self, transport: WeightTransport) -> bool:
+        """Whether the engine reads back, through `transport`, the random bytes this client wrote."""
+        token = torch.randint(0, 256, (32,), dtype=torch.uint8)
+        try:
+            got = self._call("probe_weights", **transport.pack([("probe", token)], lambda t: t.dtype))
+            ok = got == [bytes(token.numpy()).hex()]
+        except (OSError, RemoteError) as e:
+            ok, got = False, f"{type(e).__name__}: {e}"
+        finally:
+            transport.finish()
+        if not ok:
+            log.warning(
+                "weight transport %s does not reach engine %s (%s); using zmq", transport.name, self.endpoint, got
+            )
+        return ok
 
     def sleep(self) -> dict[str, Any]:
         return self._call("sleep")
@@ -259,6 +306,8 @@ class EngineClient:
             return
         self._closed = True
         atexit.unregister(self.close)
+        if self._weights is not None:
+            self._weights.close()
         if self.proc is None:  # not ours to stop
             self._rpc.close()
             return

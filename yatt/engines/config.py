@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from yatt.backends import BackendChoice
 from yatt.engines import ENGINES
+from yatt.transport.weights import WEIGHT_TRANSPORTS
 
 
 class EngineConfig(BackendChoice):
@@ -65,6 +66,13 @@ class EngineConfig(BackendChoice):
     weight_bucket_mb: int = Field(
         256, gt=0, description="Max MB of tensors per weight-update message; bounds the extra memory a sync needs."
     )
+    weight_transport: str = Field(
+        "auto",
+        description="How a weight update's tensors reach the engine: zmq (inside the RPC message, encrypted; "
+        "works across hosts), shm (through a POSIX shared-memory segment on this host; only a descriptor goes "
+        "through the socket) or auto: shm when the engine's address is on this host and a probe of /dev/shm "
+        "succeeds, else zmq. docs/performance.md#weight-sync.",
+    )
 
     bind: str = Field(
         "127.0.0.1",
@@ -97,6 +105,15 @@ class EngineConfig(BackendChoice):
                 f"({self.max_message_mb}): a weight update would be refused"
             )
         return self
+
+    @field_validator("weight_transport")
+    @classmethod
+    def _transport(cls, name: str) -> str:
+        if name != "auto" and name not in WEIGHT_TRANSPORTS.names():  # names only: the engine must know it too
+            raise ValueError(
+                f"unknown weight_transport {name!r}; registered: auto, {', '.join(WEIGHT_TRANSPORTS.names())}"
+            )
+        return name
 
     @field_validator("backend")
     @classmethod

@@ -27,6 +27,7 @@ import torch
 from yatt.engines import ENGINES
 from yatt.engines.base import RolloutEngine, SamplingSpec
 from yatt.engines.config import EngineConfig
+from yatt.transport.weights import WEIGHT_TRANSPORTS
 
 log = logging.getLogger("yatt.engines.server")
 
@@ -42,7 +43,18 @@ class EngineService:
     """
 
     RPC_METHODS = frozenset(
-        {"submit", "poll", "cancel", "interrupt", "update_weights", "sleep", "wake", "health", "shutdown"}
+        {
+            "submit",
+            "poll",
+            "cancel",
+            "interrupt",
+            "update_weights",
+            "probe_weights",
+            "sleep",
+            "wake",
+            "health",
+            "shutdown",
+        }
     )
 
     def __init__(self, engine: RolloutEngine) -> None:
@@ -196,23 +208,30 @@ class EngineService:
         """Requests in flight on this engine (all clients): what least-loaded routing compares."""
         return len(self._owner)
 
-    def update_weights(self, named_tensors: list[list[Any]]) -> dict[str, Any]:
-        pairs: list[tuple[str, torch.Tensor]] = []
-        for item in named_tensors:
-            if len(item) != 2 or not isinstance(item[0], str) or not isinstance(item[1], torch.Tensor):
-                raise TypeError("named_tensors must be a list of [name, tensor] pairs")
-            pairs.append((item[0], item[1]))
-        t0 = time.perf_counter()
-        try:
-            self._on_loop(lambda: self.engine.update_weights(pairs))
-        except BaseException:
-            # A failed load may leave some layers new and some old (vLLM reloads module by module): such an
-            # engine must not serve. The caller gets the error; the engine exits right after replying, and
-            # the controller restarts it with the current weights.
-            log.exception("weight update failed; the engine exits")
-            threading.Timer(0.5, die, args=(5,)).start()
-            raise
-        return {"tensors": len(pairs), "seconds": time.perf_counter() - t0}
+    def update_weights(self, transport: str = "zmq", **payload: Any) -> dict[str, Any]:
+        """Apply one bucket of weights, carried by `transport` (`yatt.transport.weights`): its payload is checked
+        whole before the engine sees it, and the engine checks names and shapes before it copies anything."""
+        with receive(transport, payload) as pairs:
+            count = len(pairs)
+            t0 = time.perf_counter()
+            try:
+                self._on_loop(lambda: self.engine.update_weights(pairs))
+            except BaseException:
+                # A failed load may leave some layers new and some old (vLLM reloads module by module): such an
+                # engine must not serve. The caller gets the error; the engine exits right after replying, and
+                # the controller restarts it with the current weights.
+                log.exception("weight update failed; the engine exits")
+                threading.Timer(0.5, die, args=(5,)).start()
+                raise
+        return {"tensors": count, "seconds": time.perf_counter() - t0}
+
+    def probe_weights(self, transport: str = "zmq", **payload: Any) -> list[str]:
+        """The bytes (hex) of the small tensors a client sent through `transport`, the engine untouched: the client
+        checks that the transport reaches this process before it relies on it."""
+        with receive(transport, payload) as pairs:
+            if sum(t.numel() * t.element_size() for _, t in pairs) > 4096:
+                raise ValueError("a probe carries at most 4096 bytes")
+            return [bytes(t.contiguous().view(torch.uint8).numpy()).hex() for _, t in pairs]
 
     def sleep(self) -> dict[str, Any]:
         return self._on_loop(self.engine.sleep)
@@ -228,6 +247,14 @@ class EngineService:
     def shutdown(self) -> None:
         self._on_loop(self.engine.shutdown)
         self._stop.set()
+
+
+def receive(transport: Any, payload: dict[str, Any]) -> Any:
+    """The transport's context manager over the tensors of `payload`; only registered names, never an import
+    path from the wire."""
+    if not isinstance(transport, str) or transport not in WEIGHT_TRANSPORTS.names():
+        raise ValueError(f"unknown weight transport {str(transport)[:40]!r}; known: {WEIGHT_TRANSPORTS.names()}")
+    return WEIGHT_TRANSPORTS.get(transport).unpack(payload)
 
 
 def die(code: int) -> None:
@@ -273,6 +300,9 @@ def watch_parent(parent_pid: int, interval_s: float = 1.0) -> None:
             time.sleep(interval_s)
             if os.getppid() != parent_pid:
                 log.error("parent %d is gone; engine exits", parent_pid)
+                from yatt.transport.weights.shm import sweep
+
+                sweep(dead_pid=parent_pid)  # a sync's shared memory it left (a killed trainer runs no cleanup)
                 os._exit(3)
 
     threading.Thread(target=loop, name="watch-parent", daemon=True).start()

@@ -79,7 +79,10 @@ class ServedAdapter:
                 "update_weights: LoRA adapters for a vLLM engine started without max_lora_rank (an experiment sets "
                 "it with model.lora.sync=adapter); nothing was updated"
             )
-        modules = {**self.modules, **adapters}
+        # copies: a weight transport's tensors are only valid during the update (shm maps them from a segment the
+        # next sync overwrites), and the modules kept here are written again with every later bucket's
+        fresh = {m: AdapterUpdate(u.lora_a.clone(), u.lora_b.clone(), u.scaling) for m, u in adapters.items()}
+        modules = {**self.modules, **fresh}
         ranks = {u.rank for u in modules.values()}
         scalings = {u.scaling for u in modules.values()}
         if len(ranks) > 1 or len(scalings) > 1:  # peft's adapter_config holds one r and one lora_alpha

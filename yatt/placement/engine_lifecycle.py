@@ -99,8 +99,11 @@ class EngineServices:
         self.local[role] = client
         if restart and role in self.rollout_roles and self.policy_weights is not None:
             # keeping a copy, the engines' version is the last push (none yet: model.path, as they started)
-            for bucket in (self.pushed or []) if self.keeps_pushed else self.policy_weights():
-                client.update_weights(bucket)
+            try:
+                for bucket in (self.pushed or []) if self.keeps_pushed else self.policy_weights():
+                    client.update_weights(bucket)
+            finally:
+                client.finish_sync()
         self.world.publish(f"engine/{role}/{self.world.rank}", client.endpoint)
         return client
 
@@ -142,19 +145,23 @@ class EngineServices:
         An engine whose update fails (it exits: a half-loaded engine must not serve) or that died is
         restarted, and `_start` pushes it the whole current policy; a second failure is the run's error."""
         failed: set[str] = set()
-        for bucket in buckets:
-            for role in self.rollout_roles:
-                if role in failed:
-                    continue
-                try:
-                    self.local[role].update_weights(bucket)
-                except Exception as e:
-                    print(
-                        f"warning: rank {self.world.rank}: weight update of engine {role} failed "
-                        f"({str(e).splitlines()[0][:200]}); restarting it with the current weights",
-                        flush=True,
-                    )
-                    failed.add(role)
+        try:
+            for bucket in buckets:
+                for role in self.rollout_roles:
+                    if role in failed:
+                        continue
+                    try:
+                        self.local[role].update_weights(bucket)
+                    except Exception as e:
+                        print(
+                            f"warning: rank {self.world.rank}: weight update of engine {role} failed "
+                            f"({str(e).splitlines()[0][:200]}); restarting it with the current weights",
+                            flush=True,
+                        )
+                        failed.add(role)
+        finally:
+            for role in self.rollout_roles:  # a sync's buffers (shm segments) live no longer than the sync
+                self.local[role].finish_sync()
         for role in failed:
             self.local[role].close()
             self._start(role)

@@ -48,6 +48,8 @@ _DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _DTYPE_NAMES = {v: k for k, v in _DTYPES.items()}
+# the dtypes a message may carry, by name, for other carriers of tensors (yatt.transport.weights.shm's descriptors)
+WIRE_DTYPES, WIRE_DTYPE_NAMES = dict(_DTYPES), dict(_DTYPE_NAMES)
 
 Buffer = bytes | bytearray | memoryview
 

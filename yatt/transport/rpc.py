@@ -232,6 +232,7 @@ class RpcClient:
         self._ctx = zmq.Context()
         self._ids = itertools.count(1)
         self._sock: zmq.Socket | None = None
+        self.sent_bytes = 0  # all frames of all requests: what a weight transport puts through the socket
         self._connect()
 
     def _connect(self) -> None:
@@ -261,7 +262,9 @@ class RpcClient:
         rid = request["id"]
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
-        self._sock.send_multipart(encode(request, self._secret), copy=False)
+        frames = encode(request, self._secret)
+        self.sent_bytes += sum(memoryview(f).nbytes for f in frames)
+        self._sock.send_multipart(frames, copy=False)
         while True:
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if remaining_ms <= 0:

@@ -1,0 +1,178 @@
+"""Weight sync through the socket (zmq) and through shared memory (shm), side by side in one run.
+
+    OMP_NUM_THREADS=1 python benchmarks/weight_sync.py [--models quickstart,smollm2] [--engines hf,vllm] \
+        [--repeats 3] [--out benchmarks/results/weight_sync]
+
+Per model and engine backend, one real engine child process (`spawn_engine`, as a training run starts it) and
+two clients of it, one per transport (`rollout.engine.weight_transport`: zmq, shm); each sync sends the whole
+policy as the trainer holds it (float32, Hugging Face names, default 256 MB buckets) and ends with
+`finish_sync`, as `EngineServices.push_weights` does. The transports alternate (zmq, shm, zmq, shm, ...) so
+that a slow moment of the machine hits both; the table shows each one's median sync seconds and the bytes its
+RPC client put through the socket. A rank syncs only its own engines, so one rank measures the path; more
+ranks on the same cores would only share them.
+
+Models (nothing is downloaded):
+- quickstart: a random tiny Qwen2 of the quickstart policy's shape (`yatt.models.tiny`, 0.79M params);
+- smollm2: a randomly initialised Llama of SmolLM2-135M's shape (hidden 576, 30 layers, 9 heads, 3 KV heads,
+  intermediate 1536, 49,152-token vocabulary, tied embeddings), saved with save_pretrained, with the tiny
+  character tokenizer (the sync never tokenizes). The GGUF SmolLM2 of docs/smollm2.md has the same tensors.
+
+Writes <out>.json (every timing, settings) and <out>.md (the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from yatt.engines.client import connect_engine, spawn_engine  # noqa: E402
+from yatt.engines.config import EngineConfig  # noqa: E402
+from yatt.models.tiny import build_char_tokenizer, write_tiny_model  # noqa: E402
+from yatt.transport.codec import new_secret  # noqa: E402
+
+TRANSPORTS = ("zmq", "shm")
+
+
+def smollm2_shaped(folder: Path) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = build_char_tokenizer("0123456789+-= abcdefghijklmnopqrstuvwxyz")
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def engine_cfg(backend: str) -> EngineConfig:
+    extra = {"vllm": {"kv_cache_gib": 0.25}} if backend == "vllm" else {}
+    return EngineConfig(backend=backend, max_model_len=128, max_num_seqs=16, startup_timeout_s=900, **extra)
+
+
+def measure(model: Path, backend: str, repeats: int, log: Path) -> dict[str, dict[str, list[float]]]:
+    weights = list(load_file(str(model / "model.safetensors")).items())  # float32, as the trainer holds them
+    secret = new_secret()
+    cfg = engine_cfg(backend)
+    owner = spawn_engine(model, cfg.model_copy(update={"weight_transport": "zmq"}), 0, log, secret=secret)
+    clients = {
+        "zmq": owner,
+        "shm": connect_engine(owner.endpoint, secret, cfg.model_copy(update={"weight_transport": "shm"})),
+    }
+    out: dict[str, dict[str, list[float]]] = {t: {"seconds": [], "socket_bytes": []} for t in TRANSPORTS}
+    try:
+        for transport in TRANSPORTS:  # warm-up: transport choice, first-touch of the engine's code paths
+            clients[transport].update_weights(weights)
+            clients[transport].finish_sync()
+        for _ in range(repeats):
+            for transport in TRANSPORTS:
+                client = clients[transport]
+                sent0, t0 = client._rpc.sent_bytes, time.perf_counter()
+                client.update_weights(weights)
+                client.finish_sync()
+                out[transport]["seconds"].append(time.perf_counter() - t0)
+                out[transport]["socket_bytes"].append(client._rpc.sent_bytes - sent0)
+        assert owner.health()["ok"]
+    finally:
+        clients["shm"].close()
+        owner.close()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="quickstart,smollm2")
+    parser.add_argument("--engines", default="hf,vllm")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/results/weight_sync")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    rows, raw = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        makers = {"quickstart": lambda p: write_tiny_model(p, seed=0), "smollm2": smollm2_shaped}
+        for name in args.models.split(","):
+            model = makers[name](Path(tmp) / name)
+            weights = load_file(str(model / "model.safetensors"))
+            params, nbytes = sum(t.numel() for t in weights.values()), sum(t.numel() * 4 for t in weights.values())
+            for backend in args.engines.split(","):
+                print(f"{name} ({params / 1e6:.2f}M params) on {backend} ...", flush=True)
+                got = measure(model, backend, args.repeats, Path(tmp) / f"{name}-{backend}.log")
+                raw[f"{name}/{backend}"] = {"params": params, "weight_bytes": nbytes, **got}
+                zmq_s = statistics.median(got["zmq"]["seconds"])
+                for transport in TRANSPORTS:
+                    s = statistics.median(got[transport]["seconds"])
+                    row = (
+                        name,
+                        params,
+                        backend,
+                        transport,
+                        s,
+                        s / zmq_s,
+                        statistics.median(got[transport]["socket_bytes"]),
+                    )
+                    rows.append(row)
+                    print(f"  {transport}: {s:.3f} s ({s / zmq_s:.2f}x zmq), {row[-1] / 1e6:.2f} MB through the socket")
+    command = "OMP_NUM_THREADS=1 python benchmarks/weight_sync.py " + " ".join(
+        f"--{k} {v}" for k, v in (("models", args.models), ("engines", args.engines), ("repeats", args.repeats))
+    )
+    meta = {
+        "date": date.today().isoformat(),
+        "commit": commit.strip(),
+        "command": command,
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "bucket_mb": engine_cfg("hf").weight_bucket_mb,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(f"{args.out}.json").write_text(json.dumps({**meta, "results": raw}, indent=2) + "\n")
+    lines = [
+        "# Weight sync: zmq (tensors in the RPC message) vs shm (shared memory, a descriptor on the socket)",
+        "",
+        f"{meta['date']}, commit {meta['commit']}: `{command}` (JSON: [weight_sync.json](weight_sync.json)).",
+        "One engine child process per row pair, two clients of it; a sync = the whole float32 policy in "
+        f"{meta['bucket_mb']} MB buckets + finish_sync; median of {args.repeats} alternating syncs.",
+        "",
+        "| model | params | engine | transport | sync s (median) | vs zmq | MB through the socket |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, params, backend, transport, s, ratio, sent in rows:
+        lines.append(
+            f"| {name} | {params / 1e6:.2f}M | {backend} | {transport} | {s:.3f} | {ratio:.2f}x | {sent / 1e6:.3f} |"
+        )
+    Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(json.dumps(meta))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
