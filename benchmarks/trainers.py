@@ -1,18 +1,25 @@
-"""Trainer backends side by side: torch (DDP) vs megatron TP=2 vs megatron PP=2 on 2 CPU ranks (gloo).
+"""Trainer backends side by side: torch (DDP) vs torch FSDP2 vs megatron TP=2 vs megatron PP=2 on 2 CPU ranks.
 
     OMP_NUM_THREADS=1 python benchmarks/trainers.py [--hidden 768] [--layers 12] [--heads 12] [--kv-heads 4]
         [--intermediate 2048] [--vocab 32768] [--samples 32] [--steps 3] [--dtype float32]
-        [--variants NAME ...] [--out benchmarks/results/trainers]
+        [--variants NAME ...] [--model-folder FOLDER] [--out benchmarks/results/trainers]
+
+    # DDP against FSDP2 on SmolLM2-135M (docs/smollm2.md converts it), 5 timed steps:
+    OMP_NUM_THREADS=1 python benchmarks/trainers.py --model-folder models/smollm2-135m-instruct \
+        --variants torch "torch FSDP2" --steps 5 --out benchmarks/results/trainers_fsdp2
 
 Model: a Qwen2 with random weights (seed 0, tied embeddings, q/k/v biases), written to a temporary folder. The
 default shape has 100.7M parameters: 12 layers, hidden 768, 12 query / 4 key-value heads, MLP 2048, a
 32,768-token vocabulary. Heads and key-value heads must divide by 2 (TP=2), layers by 2 (PP=2); run it small
 with e.g. `--hidden 256 --layers 4 --intermediate 768 --heads 4 --kv-heads 2`.
 
+`--model-folder FOLDER` takes a Hugging Face folder instead (e.g. SmolLM2-135M; its 9 heads rule out TP=2).
+
 Variants, one after the other (never at once), each a torchrun job of 2 ranks building its trainer through the
 registry as a run does (`yatt.trainers.TRAINERS[trainer.backend](model, TrainerConfig, world)`), with the
 default trainer settings and lr 1e-5: `torch` (DDP: each rank the whole model and AdamW state, half the
-samples), `megatron TP=2` (every layer and the vocabulary split over the 2 ranks; one data-parallel rank),
+samples), `torch FSDP2` (trainer.torch.parallel=fsdp2: each rank half of every weight, gradient and moment,
+half the samples), `megatron TP=2` (every layer and the vocabulary split over the 2 ranks; one data-parallel rank),
 `megatron PP=2` (half the layers per stage, the first stage with the embedding, the last with a copy of it as
 the tied output head; one data-parallel rank). Each step trains the same global batch of --samples samples
 (seed 1000: prompts of 32-96 tokens, responses of 64-128, random advantages), split by data-parallel rank, so
@@ -35,16 +42,19 @@ Per variant:
   not counted; they are in the peak RSS.
 - peak RSS per rank (VmHWM at the end): everything the process touched, a secondary figure.
 - agreement: the first log-prob pass (before any update) against torch's, max |dlogp| over response tokens,
-  and the first step's gradient norm: the same batch and loss contract should give the same numbers.
+  and every step's gradient norm and policy loss (summed over ranks) against the first variant's, max relative
+  difference: the same batch and loss contract should give the same numbers.
 
-Prints the table and the ratio of TP=2's per-rank state to torch's (acceptance: <= 0.6; exits 1 above it);
-writes <out>.json (everything) and <out>.md.
+Prints the table and the ratios of TP=2's and FSDP2's per-rank state to torch's (acceptance: <= 0.6 and
+<= 0.55; exits 1 above them), and FSDP2's step time to torch's (acceptance <= 1.3, reported); writes
+<out>.json (everything) and <out>.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -58,10 +68,12 @@ from harness import add_worker_args, rank_result, run_worker, shown, slug, table
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = {  # name: trainer settings besides the defaults
     "torch": {"backend": "torch"},
+    "torch FSDP2": {"backend": "torch", "torch": {"parallel": "fsdp2"}},
     "megatron TP=2": {"backend": "megatron", "megatron": {"tensor_parallel": 2}},
     "megatron PP=2": {"backend": "megatron", "megatron": {"pipeline_parallel": 2}},
 }
 TP_STATE_BAR = 0.6  # TP=2 holds about half of the torch backend's per-rank state; the issue's acceptance bar
+FSDP2_STATE_BAR, FSDP2_STEP_BAR = 0.55, 1.3  # FSDP2 at 2 ranks: about half the state, at most 30% slower
 MIB = 2**20
 
 
@@ -87,6 +99,19 @@ def write_model(folder: Path, args: argparse.Namespace) -> int:
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(folder)
     return sum(p.numel() for p in model.parameters())
+
+
+def parameter_count(folder: Path) -> int:
+    """Parameters of a Hugging Face folder's safetensors files (tied weights stored once)."""
+    from safetensors import safe_open
+
+    count = 0
+    for file in folder.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                count += math.prod(shape)
+    return count
 
 
 def global_batch(vocab: int, samples: int, seed: int = 1000):
@@ -126,6 +151,8 @@ class StateMeter:
     def held(self) -> dict[str, int]:
         import torch
 
+        from yatt.trainers.sharding import local  # FSDP2's DTensors: the rank's own shard is what it holds
+
         params = list(self.module.parameters())
         groups = {
             "params": params,
@@ -143,7 +170,7 @@ class StateMeter:
         held = {}
         for kind, tensors in groups.items():
             held[kind] = 0
-            for t in tensors:
+            for t in map(local, tensors):
                 storage = t.untyped_storage()
                 if storage.data_ptr() not in seen:
                     seen.add(storage.data_ptr())
@@ -171,7 +198,7 @@ def worker(args: argparse.Namespace) -> None:
     rows = list(range(data.rank, args.samples, data.size))
     batch = global_batch(trainer.hf_config.vocab_size, args.samples).select(rows)
     algorithm = Algorithm(AlgorithmConfig())
-    times, first = [], {}
+    times, first, curve = [], {}, []
     for step in range(args.steps + 1):
         world.barrier()
         start = time.perf_counter()
@@ -182,6 +209,7 @@ def worker(args: argparse.Namespace) -> None:
         tokens, seqs = data.sum([float(batch.mask.sum()), float(len(batch))])
         stats = trainer.train_mini_batch(batch, algorithm.objective(tokens / data.size, seqs / data.size, 128))
         end = time.perf_counter()
+        curve.append({"grad_norm": stats["grad_norm"], "policy_loss": data.sum([stats["policy_loss"]])[0]})
         if step:  # step 0 warms up
             times.append((middle - start, end - middle))
         else:
@@ -197,6 +225,7 @@ def worker(args: argparse.Namespace) -> None:
         "update_s": statistics.mean(t[1] for t in times),
         "state_bytes": meter.peak,
         "peak_rss_gib": vm_kib(os.getpid(), "VmHWM") / 2**20,
+        "curve": curve,
         **first,
     }
     rank_result(args.result, world.rank).write_text(json.dumps(out))
@@ -234,6 +263,7 @@ def run_variant(name: str, settings: dict, model: Path, args: argparse.Namespace
         "peak_rss_gib": max(r["peak_rss_gib"] for r in ranks),
         "peak_rss_gib_per_rank": [r["peak_rss_gib"] for r in ranks],
         "grad_norm_first": ranks[0]["grad_norm"],
+        "curve": ranks[0]["curve"],
         "wall_s": time.perf_counter() - start,
         "_logprobs": logprobs,
     }
@@ -241,10 +271,13 @@ def run_variant(name: str, settings: dict, model: Path, args: argparse.Namespace
 
 def agreement(rows: list[dict]) -> None:
     """Each variant's first log-probs against the first variant's: max |dlogp| over every response token."""
-    reference = rows[0]["_logprobs"]
+    reference, curve = rows[0]["_logprobs"], rows[0]["curve"]
     for r in rows:
         mine = r.pop("_logprobs")
         r["logprob_diff_max"] = max(abs(a - b) for i, ref in reference.items() for a, b in zip(mine[i], ref))
+        r["curve_rel_diff_max"] = max(
+            abs(a[k] - b[k]) / max(abs(b[k]), 1e-12) for a, b in zip(r["curve"], curve) for k in b
+        )
 
 
 def main() -> int:
@@ -266,12 +299,14 @@ def main() -> int:
         help="the first is the reference of ratios and agreement",
     )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/trainers")
+    parser.add_argument("--model-folder", dest="folder", type=Path, help="a Hugging Face folder instead of --hidden...")
     add_worker_args(parser, "--model", "--trainer")
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return 0
-    if args.heads % 2 or args.kv_heads % 2 or args.layers % 2:
+    megatron = any(name.startswith("megatron") for name in args.variants)
+    if megatron and (args.heads % 2 or args.kv_heads % 2 or args.layers % 2):
         parser.error("TP=2 and PP=2 need --heads, --kv-heads and --layers divisible by 2")
     if args.steps < 1:
         parser.error("--steps: at least one timed step")
@@ -279,7 +314,11 @@ def main() -> int:
     results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in hidden} | {"out": shown(args.out)}}
     with tempfile.TemporaryDirectory(prefix="yatt-trainers-") as tmp:
         work = Path(tmp)
-        results["params"] = write_model(work / "model", args)
+        if args.folder is not None:
+            os.symlink(args.folder.resolve(), work / "model")
+            results["params"] = parameter_count(work / "model")
+        else:
+            results["params"] = write_model(work / "model", args)
         print(f"model: {results['params'] / 1e6:.1f}M parameters, {args.samples} samples per step", flush=True)
         rows = []
         for name in args.variants:
@@ -305,6 +344,7 @@ def main() -> int:
                 ("peak_rss_gib", "peak RSS GiB/rank"),
                 ("grad_norm_first", "grad norm 1st"),
                 ("logprob_diff_max", "max |dlogp|"),
+                ("curve_rel_diff_max", "max rel diff loss/gnorm"),
             ],
             ["step_s", "state_mib"],
         ),
@@ -319,6 +359,17 @@ def main() -> int:
         md.append(
             f"TP=2 / torch per-rank state (params + grads + optimizer): {ratio:.3f} "
             f"(acceptance <= {TP_STATE_BAR}: {'pass' if ok else 'FAIL'})\n"
+        )
+    if {"torch", "torch FSDP2"} <= set(by_name):
+        state = by_name["torch FSDP2"]["state_mib"] / by_name["torch"]["state_mib"]
+        step = by_name["torch FSDP2"]["step_s"] / by_name["torch"]["step_s"]
+        results.update(fsdp2_state_ratio=state, fsdp2_step_ratio=step)
+        ok = ok and state <= FSDP2_STATE_BAR
+        md.append(
+            f"FSDP2 / torch per-rank state: {state:.3f} (acceptance <= {FSDP2_STATE_BAR}: "
+            f"{'pass' if state <= FSDP2_STATE_BAR else 'FAIL'}); step time: {step:.2f}x (acceptance <= "
+            f"{FSDP2_STEP_BAR}: {'pass' if step <= FSDP2_STEP_BAR else 'FAIL'}); loss and grad norm over "
+            f"{args.steps + 1} steps within {by_name['torch FSDP2']['curve_rel_diff_max']:.1e} (relative)\n"
         )
     write_results(args.out, results, md)
     return 0 if ok else 1

@@ -120,6 +120,7 @@ run: {{name: r, steps: {STEPS}, eval_every: {STEPS}}}
     assert sum(resumed) > 0, resumed
 
 
+@pytest.mark.slow  # CI: tests/test_composition_matrix.py runs partial placement + GenRM with one_step_off
 def test_partial_placement_with_genrm_ahead_of_the_trainer(tmp_path):
     """placement.mode=partial with a GenRM judge and rollouts made ahead: the producers of both ranks share each
     other's engines (rank 0 rolls out, rank 1 judges, streamed), over a process group of their own. async with

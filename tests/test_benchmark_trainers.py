@@ -1,6 +1,6 @@
-"""benchmarks/trainers.py at a tiny size (0.4M parameters, 2 ranks, torch vs megatron TP=2): its state accounting
-counts what each rank holds (the torch backend: 4 bytes of weights, 4 of gradients and 8 of AdamW moments per
-parameter; TP=2 about half of that per rank), and both backends compute the same first step."""
+"""benchmarks/trainers.py at a tiny size (0.4M parameters, 2 ranks, torch vs megatron TP=2 vs torch FSDP2): its
+state accounting counts what each rank holds (the torch backend: 4 bytes of weights, 4 of gradients and 8 of AdamW
+moments per parameter; TP=2 and FSDP2 about half of that per rank), and the backends compute the same steps."""
 
 import json
 import subprocess
@@ -38,13 +38,14 @@ def test_tp2_holds_half_the_state_of_the_torch_backend(tmp_path):
         "--variants",
         "torch",
         "megatron TP=2",
+        "torch FSDP2",
         "--out",
         str(tmp_path / "trainers"),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "trainers.json").read_text())
-    torch_row, tp_row = report["variants"]
+    torch_row, tp_row, fsdp2_row = report["variants"]
     params = report["params"]
     for rank in torch_row["state_bytes_per_rank"]:  # float32, every rank the whole model
         assert rank["params"] == rank["grads"] == 4 * params, rank
@@ -54,3 +55,6 @@ def test_tp2_holds_half_the_state_of_the_torch_backend(tmp_path):
     assert abs(tp_row["grad_norm_first"] - torch_row["grad_norm_first"]) <= 1e-5 * torch_row["grad_norm_first"]
     assert tp_row["logprob_diff_max"] < 1e-5, tp_row
     assert "TP=2 / torch per-rank state" in proc.stdout
+    # FSDP2: half of every weight, gradient and moment (dim 0 split in two), and the same steps as DDP
+    assert 0.45 <= report["fsdp2_state_ratio"] <= 0.55, report["fsdp2_state_ratio"]
+    assert fsdp2_row["curve_rel_diff_max"] < 1e-5 and fsdp2_row["logprob_diff_max"] < 1e-5, fsdp2_row

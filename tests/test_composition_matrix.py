@@ -1,6 +1,7 @@
-"""The composition matrix: yatt's features run together, pairwise. Seven dimensions (trainer backend, placement,
-reward, balancing, HF export in checkpoints, algorithm, dynamic sampling) would make 384 runs; every pair of values
-of every two dimensions appears in at least one of the 12 combinations below, so a bug that needs two features
+"""The composition matrix: yatt's features run together, pairwise. Ten dimensions (trainer backend, placement,
+reward, balancing, HF export in checkpoints, algorithm, dynamic sampling, rollout schedule, LoRA, dense or MoE
+policy) would make 3072 runs; every pair of values of every two dimensions appears in at least one of the 13
+combinations below, so a bug that needs two features
 at once to show (the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny
 models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
 leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial
@@ -30,6 +31,7 @@ from yatt.checkpoint.manifest import verify
 from yatt.config import load_experiment
 from yatt.config_loading import ConfigError
 from yatt.models.tiny import write_tiny_model
+from yatt.refusals import launch_refusals
 
 
 class Combination(NamedTuple):
@@ -40,10 +42,14 @@ class Combination(NamedTuple):
     export_hf: bool  # checkpoint.export_hf, with a checkpoint at the last step
     algorithm: str  # grpo | ppo (GAE advantages from a critic)
     dynamic: bool  # algorithm.dynamic_sampling.enabled
+    schedule: str  # sync | one_step_off (rollout.schedule.mode: the next batch generated while this one trains)
+    lora: bool  # model.lora (rank 2, merged sync)
+    policy: str  # dense | moe (a tiny Qwen3-MoE, routing replay r3)
 
     @property
     def id(self) -> str:
-        flags = [("bal", self.balance), ("exp", self.export_hf), ("ds", self.dynamic)]
+        flags = [("bal", self.balance), ("exp", self.export_hf), ("ds", self.dynamic), ("osf", self.schedule != "sync"),
+                 ("lora", self.lora), ("moe", self.policy == "moe")]  # fmt: skip
         return "-".join([self.backend, self.placement, self.reward, self.algorithm] + [n for n, on in flags if on])
 
 
@@ -55,30 +61,37 @@ DIMENSIONS = {
     "export_hf": (True, False),
     "algorithm": ("grpo", "ppo"),
     "dynamic": (True, False),
+    "schedule": ("sync", "one_step_off"),
+    "lora": (False, True),
+    "policy": ("dense", "moe"),
 }
+MEGATRON = ("tp2", "pp2")
 
 
 def allowed(c: Combination) -> bool:
-    """partial placement splits the devices between rollout and a judge: the config refuses it without one."""
-    return not (c.placement == "partial" and c.reward == "rule")
+    """What yatt refuses (yatt.refusals): partial placement without a judge (it splits the devices between rollout
+    and a judge); LoRA and routing replay (an MoE policy's) on the megatron backend, and a Qwen3-MoE folder there."""
+    partial_without_judge = c.placement == "partial" and c.reward == "rule"
+    return not partial_without_judge and not (c.backend in MEGATRON and (c.lora or c.policy == "moe"))
 
 
 # hand-checked output of a seeded greedy search (test_the_matrix_covers_every_allowed_pair keeps it honest);
 # the first is the main combination
-MAIN = Combination("tp2", "partial", "genrm", True, True, "grpo", False)
+MAIN = Combination("tp2", "partial", "genrm", True, True, "grpo", False, "sync", False, "dense")
 COMBINATIONS = [
     MAIN,
-    Combination("tp2", "full", "rule", False, False, "ppo", True),
-    Combination("torch", "partial", "mixed", False, True, "ppo", True),
-    Combination("pp2", "full", "mixed", True, False, "grpo", False),
-    Combination("pp2", "partial", "genrm", False, False, "grpo", True),
-    Combination("torch", "full", "rule", True, True, "grpo", False),
-    Combination("torch", "full", "genrm", False, False, "ppo", False),
-    Combination("pp2", "full", "rule", True, True, "ppo", True),
-    Combination("tp2", "partial", "mixed", False, True, "ppo", False),
-    Combination("fsdp2", "partial", "genrm", True, True, "ppo", False),
-    Combination("fsdp2", "full", "rule", False, False, "grpo", True),
-    Combination("fsdp2", "partial", "mixed", False, True, "grpo", True),
+    Combination("tp2", "full", "rule", False, False, "ppo", True, "one_step_off", False, "dense"),
+    Combination("torch", "partial", "mixed", False, True, "ppo", True, "sync", True, "moe"),
+    Combination("pp2", "full", "mixed", True, False, "grpo", False, "one_step_off", False, "dense"),
+    Combination("pp2", "partial", "genrm", False, False, "grpo", True, "one_step_off", False, "dense"),
+    Combination("torch", "full", "rule", True, True, "grpo", False, "one_step_off", True, "moe"),
+    Combination("torch", "full", "genrm", False, False, "ppo", False, "sync", True, "moe"),
+    Combination("pp2", "full", "rule", True, True, "ppo", True, "sync", False, "dense"),
+    Combination("tp2", "partial", "mixed", False, True, "ppo", False, "sync", False, "dense"),
+    Combination("fsdp2", "partial", "genrm", True, True, "ppo", False, "sync", True, "dense"),
+    Combination("fsdp2", "full", "rule", False, False, "grpo", True, "one_step_off", False, "moe"),
+    Combination("fsdp2", "partial", "mixed", False, True, "grpo", True, "one_step_off", True, "moe"),
+    Combination("torch", "full", "rule", True, False, "ppo", True, "one_step_off", False, "dense"),
 ]
 # none: 9-36 s each, the whole module ~4 min on 2 shared CPU cores (the resume test ~1 min), within its budget
 SLOW: set[Combination] = set()
@@ -99,14 +112,31 @@ def test_the_matrix_covers_every_allowed_pair():
 
 
 def test_the_constraint_is_the_configs(tmp_path):
-    """`allowed` leaves out exactly what yatt refuses: partial placement with a rule-only reward (no judge)."""
+    """`allowed` leaves out exactly what yatt refuses (partial placement with a rule-only reward, LoRA and an MoE
+    policy on megatron), and yatt takes every combination of the matrix."""
     config = tmp_path / "exp.yaml"
     config.write_text(f"model: {{path: {tmp_path}}}\ndata: {{train: {{kind: jsonl, files: [{tmp_path}/t.jsonl]}}}}\n")
     with pytest.raises(ConfigError, match="placement.mode=partial"):
         load_experiment(config, placement="partial")
     assert load_experiment(config, placement="full").reward.kind == "rule"
+    megatron = ["trainer.backend=megatron"]
+    with pytest.raises(ConfigError, match="trainer.backend=megatron does not train LoRA adapters"):
+        load_experiment(config, [*megatron, "model.lora.rank=2"])
+    with pytest.raises(ConfigError, match="only the torch backend replays MoE routing|routing_replay"):
+        load_experiment(config, [*megatron, "algorithm.routing_replay=r3"])
+    moe = write_tiny_model(tmp_path / "moe", MOE_TP)
+    assert "megatron" in launch_refusals(load_experiment(config, [*megatron, f"model.path={moe}"]), 2)
+    for c in COMBINATIONS:  # every combination of the matrix is one yatt takes
+        (tmp_path / c.id).mkdir()
+        path, overrides = config_of(tmp_path / c.id, c, run_body(STEPS, STEPS, 1))
+        at = overrides.index("--placement")
+        cfg = load_experiment(path, overrides[:at] + overrides[at + 2 :], placement=overrides[at + 1])
+        assert launch_refusals(cfg, 2) is None, c.id
 
 
+MOE_TP = DIGITS_TP.model_copy(
+    update={"architecture": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+)
 STEPS = 2
 BODY = """rollout: {group_size: 8, max_new_tokens: 1, engine: {backend: hf, vllm: null}}
 algorithm: {mini_batches: 2, dynamic_sampling: {max_rounds: 2}}
@@ -166,7 +196,7 @@ def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
     """The experiment YAML (shared settings, the judge when there is one, `body`) and the overrides that pick
     the combination's values, as a user would type them."""
     judge = judge_section(tmp, REWARD_KINDS[c.reward]) if c.reward != "rule" else ""
-    config = experiment(tmp, BODY + judge + body, model=DIGITS_TP)
+    config = experiment(tmp, BODY + judge + body, model=MOE_TP if c.policy == "moe" else DIGITS_TP)
     varied_rows(tmp / "train.jsonl", 64)
     overrides = [
         "--placement",
@@ -177,6 +207,9 @@ def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
         f"checkpoint.export_hf={str(c.export_hf).lower()}",
         f"algorithm.dynamic_sampling.enabled={str(c.dynamic).lower()}",
         *(["algorithm.advantage.kind=gae"] if c.algorithm == "ppo" else []),
+        f"rollout.schedule.mode={c.schedule}",
+        *(["model.lora.rank=2", "model.lora.alpha=4"] if c.lora else []),
+        *(["algorithm.routing_replay=r3"] if c.policy == "moe" else []),
     ]
     return config, overrides
 
@@ -196,6 +229,10 @@ def feature_keys(c: Combination) -> list[str]:
         keys += ["dynamic_sampling/kept_groups", "dynamic_sampling/dropped_groups", "dynamic_sampling/queue"]
     if c.placement == "partial":
         keys += ["placement/rollout_devices", "placement/genrm_devices"]
+    if c.schedule != "sync":
+        keys += ["async/staleness_mean"]
+    if c.policy == "moe":
+        keys += ["moe/aux_loss", "moe/tokens_per_expert_max", "moe/tokens_per_expert_mean"]
     return keys
 
 
@@ -211,8 +248,9 @@ def check_metrics(c: Combination, logged: list[dict]) -> None:
         missing = [k for k in feature_keys(c) if k not in r]
         assert not missing, (r["step"], missing)
         # the engine samples from the weights the trainer holds (hf engines, float32): their log-probs agree,
-        # except for groups dynamic sampling kept from the previous step (sampled before its update)
-        if not r.get("dynamic_sampling/from_queue"):
+        # except for groups dynamic sampling kept from the previous step (sampled before its update) and batches
+        # made a step ahead (one_step_off: step 2's with step 0's weights)
+        if not r.get("dynamic_sampling/from_queue") and (c.schedule == "sync" or r["step"] == 1):
             assert r["rollout/trainer_logprob_diff_max"] < 1e-3, r
         if c.dynamic:  # the kept groups, 8 samples each; the megatron group counts its data slice once
             assert r["rollout/samples"] == 8 * r["dynamic_sampling/kept_groups"] <= 64, r

@@ -77,5 +77,6 @@ def test_vl_judge_under_partial_placement_with_a_megatron_tp2_policy(setup):
     )
 
 
+@pytest.mark.slow  # CI: the VL judge run above; tests/test_genrm_images.py checks a text judge of image prompts
 def test_text_judge_of_image_prompts_under_partial_placement(setup):
     run(*setup, "text", "{question}:{response}?")

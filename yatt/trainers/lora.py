@@ -55,6 +55,16 @@ def sent_modules(module: nn.Module, adapted: list[str]) -> list[str]:
     return sorted(names, key=order.__getitem__)
 
 
+def linear_layers(module: nn.Module) -> list[str]:
+    """ "all-linear": the names of the decoder's linear layers (not the output head). Listed here rather than by peft,
+    whose shorthand also wraps an MoE's experts, fused 3-D parameters that are no linear layers (the merge and the
+    engines' reload take linear weights); a Qwen3-MoE gets attention and the router adapted."""
+    head = module.get_output_embeddings()
+    return sorted(
+        {n.rpartition(".")[2] for n, m in module.named_modules() if isinstance(m, nn.Linear) and m is not head}
+    )
+
+
 class Adapters:
     """The LoRA adapters of one policy module (see the module docstring)."""
 
@@ -71,7 +81,7 @@ class Adapters:
             r=cfg.rank,
             lora_alpha=cfg.alpha,
             lora_dropout=cfg.dropout,
-            target_modules=cfg.target_modules,
+            target_modules=linear_layers(module) if cfg.target_modules == "all-linear" else cfg.target_modules,
             bias="none",
             task_type="CAUSAL_LM",
         )
