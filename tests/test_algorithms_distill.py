@@ -25,7 +25,8 @@ def test_the_advantage_is_teacher_minus_student_per_token():
     # -0.5 - -1.5 = 1.0; -1.0 - -0.25 = -0.75; -2.0 - -0.5 = -1.5 | -0.1 - -0.2 = 0.1; -3 - -1 = -2; padding 0
     close(distill_advantages(TEACHER, STUDENT, MASK, REWARDS, 2), [[1.0, -0.75, -1.5], [0.1, -2.0, 0.0]])
     # kl_coef scales it: 0.5 x the above
-    close(distill_advantages(TEACHER, STUDENT, MASK, REWARDS, 2, kl_coef=0.5), [[0.5, -0.375, -0.75], [0.05, -1.0, 0.0]])
+    half = distill_advantages(TEACHER, STUDENT, MASK, REWARDS, 2, kl_coef=0.5)
+    close(half, [[0.5, -0.375, -0.75], [0.05, -1.0, 0.0]])
 
 
 def test_the_reward_part_is_grpo_on_every_token():
