@@ -1,6 +1,6 @@
 """The composition matrix: yatt's features run together, pairwise. Seven dimensions (trainer backend, placement,
-reward, balancing, HF export in checkpoints, algorithm, dynamic sampling) would make 384 runs; every pair of values
-of every two dimensions appears in at least one of the 12 combinations below, so a bug that needs two features
+reward, balancing, HF export in checkpoints, algorithm, dynamic sampling) would make 576 runs; every pair of values
+of every two dimensions appears in at least one of the 16 combinations below, so a bug that needs two features
 at once to show (the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny
 models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
 leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial
@@ -38,7 +38,7 @@ class Combination(NamedTuple):
     reward: str  # rule (no judge) | genrm (the judge alone) | mixed (genrm_with_rule)
     balance: bool
     export_hf: bool  # checkpoint.export_hf, with a checkpoint at the last step
-    algorithm: str  # grpo | ppo (GAE advantages from a critic)
+    algorithm: str  # grpo | ppo (GAE advantages from a critic) | distill (on-policy distillation from a teacher)
     dynamic: bool  # algorithm.dynamic_sampling.enabled
 
     @property
@@ -53,14 +53,15 @@ DIMENSIONS = {
     "reward": ("rule", "genrm", "mixed"),
     "balance": (True, False),
     "export_hf": (True, False),
-    "algorithm": ("grpo", "ppo"),
+    "algorithm": ("grpo", "ppo", "distill"),
     "dynamic": (True, False),
 }
 
 
 def allowed(c: Combination) -> bool:
-    """partial placement splits the devices between rollout and a judge: the config refuses it without one."""
-    return not (c.placement == "partial" and c.reward == "rule")
+    """partial placement splits the devices between rollout and a judge (or a distillation teacher): the config
+    refuses it without either."""
+    return not (c.placement == "partial" and c.reward == "rule" and c.algorithm != "distill")
 
 
 # hand-checked output of a seeded greedy search (test_the_matrix_covers_every_allowed_pair keeps it honest);
@@ -79,6 +80,11 @@ COMBINATIONS = [
     Combination("fsdp2", "partial", "genrm", True, True, "ppo", False),
     Combination("fsdp2", "full", "rule", False, False, "grpo", True),
     Combination("fsdp2", "partial", "mixed", False, True, "grpo", True),
+    # on-policy distillation: a teacher served like a judge (alone on the GenRM side with partial + rule)
+    Combination("torch", "partial", "rule", True, False, "distill", False),
+    Combination("fsdp2", "full", "genrm", False, True, "distill", True),
+    Combination("tp2", "partial", "mixed", True, True, "distill", False),
+    Combination("pp2", "full", "rule", False, False, "distill", True),
 ]
 # none: 9-36 s each, the whole module ~4 min on 2 shared CPU cores (the resume test ~1 min), within its budget
 SLOW: set[Combination] = set()
@@ -177,8 +183,19 @@ def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
         f"checkpoint.export_hf={str(c.export_hf).lower()}",
         f"algorithm.dynamic_sampling.enabled={str(c.dynamic).lower()}",
         *(["algorithm.advantage.kind=gae"] if c.algorithm == "ppo" else []),
+        *(distill_overrides(tmp) if c.algorithm == "distill" else []),
     ]
     return config, overrides
+
+
+def distill_overrides(tmp: Path) -> list[str]:
+    """A larger random teacher with the policy's tokenizer, and the distillation advantage mixed with the reward."""
+    shape = DIGITS_TP.model_copy(update={"hidden_size": 96, "intermediate_size": 192, "num_hidden_layers": 3})
+    teacher = write_tiny_model(tmp / "teacher", shape, seed=5)
+    return [
+        f"reward.teacher={{model: {teacher}, engine: {{backend: hf}}}}",
+        "algorithm.advantage={kind: distill, reward_coef: 0.5}",
+    ]
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -192,6 +209,8 @@ def feature_keys(c: Combination) -> list[str]:
         keys += ["genrm/judged", "genrm/unparseable_frac", "genrm/j/agree_with_rule"]
     if c.algorithm == "ppo":
         keys += ["critic/value_loss", "critic/grad_norm", "critic/explained_var", "critic/value_mean", "critic/warmup"]
+    if c.algorithm == "distill":
+        keys += ["distill/reverse_kl", "teacher/rerouted", "teacher/duplicates_dropped"]
     if c.dynamic:
         keys += ["dynamic_sampling/kept_groups", "dynamic_sampling/dropped_groups", "dynamic_sampling/queue"]
     if c.placement == "partial":
