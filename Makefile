@@ -8,7 +8,7 @@ export OMP_NUM_THREADS := 1
 
 PLACEMENT ?= partial
 
-.PHONY: setup quickstart quickstart-moe quickstart-genrm quickstart-vl quickstart-vl-genrm quickstart-tools lint format test test-all clean
+.PHONY: setup quickstart quickstart-moe quickstart-genrm quickstart-distill quickstart-vl quickstart-vl-genrm quickstart-tools lint format test test-all clean
 
 setup: $(STAMP)
 
@@ -32,6 +32,13 @@ quickstart-genrm: setup
 	$(PY) launch/sft.py --config configs/sft_judge.yaml
 	$(PY) launch/sft.py --config configs/sft_judge_near_miss.yaml
 	$(PY) launch/train.py --nproc 2 --config configs/quickstart_genrm.yaml --placement $(PLACEMENT)
+
+# On-policy distillation: the quickstart's student learns from a larger tiny teacher SFT'd to >= 0.95 (built once),
+# served like a judge; partial placement by default (PLACEMENT=full: rollout, teacher, training in turn).
+quickstart-distill: setup
+	$(PY) launch/sft.py --config configs/sft_quickstart.yaml
+	$(PY) launch/sft.py --config configs/sft_quickstart_teacher.yaml
+	$(PY) launch/train.py --nproc 2 --config configs/quickstart_distill.yaml --placement $(PLACEMENT)
 
 # The visual quickstart: writes the counting-squares images and SFTs a tiny VL policy once, then GRPO on 2 ranks.
 quickstart-vl: setup
@@ -76,6 +83,7 @@ test-all: lint
 # Removes only what the quickstarts made: runs/<run.name> of each configs/quickstart*.yaml, their models and data.
 clean:
 	rm -rf runs/quickstart runs/quickstart_moe runs/quickstart_genrm runs/quickstart_vl runs/quickstart_vl_genrm runs/quickstart_tools \
+		runs/quickstart_distill models/quickstart-teacher \
 		runs/quickstart_rloo runs/quickstart_reinforce_pp runs/quickstart_gspo runs/quickstart_ppo runs/quickstart_is \
 		models/quickstart-policy models/quickstart-judge-base models/quickstart-judge models/quickstart-vl \
 		models/quickstart-vl-judge models/quickstart-tools-policy models/quickstart-moe-policy data/shapes data/products

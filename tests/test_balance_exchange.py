@@ -16,7 +16,8 @@ from yatt.distributed import World
 
 def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout]:
     """Deterministic samples with random tokens, double-precision logprobs and group-shared prompts; every other
-    sample an agent loop's, with tool tokens (response mask 0) among its model tokens."""
+    sample an agent loop's, with tool tokens (response mask 0) among its model tokens; every third a teacher's
+    log-probs."""
     rng = random.Random(rank * 1000 + groups)
     out = []
     for _g in range(groups):
@@ -35,6 +36,8 @@ def make_samples(rank: int, groups: int, unit: int, long: bool) -> list[Rollout]
                     baseline=rng.random(),
                     origin=(rank, len(out)),
                     response_mask=mask[::-1],
+                    # a distillation teacher's log-probs on every third sample (the others carry none)
+                    teacher_logprobs=[-rng.random() * 3 for _ in range(n)] if len(out) % 3 == 0 else [],
                 )
             )
     return out
@@ -170,7 +173,7 @@ def test_round_trip_keeps_every_sample_once_and_unchanged(two_ranks, name, unit,
     assert sorted(seen) == sorted(originals)  # each exactly once
     for h in held:
         for s in h:
-            # bit-identical: ints, float64 logprobs, reward, baseline, finish reason, response mask
+            # bit-identical: ints, float64 logprobs, reward, baseline, finish reason, response mask, teacher logprobs
             assert s == originals[s["origin"]]
     assert results[0][name]["after"] < results[0][name]["before"]
     assert all(len(h) > 0 for h in held)  # the empty rank got work

@@ -1,8 +1,8 @@
 """The composition matrix: yatt's features run together, pairwise. Ten dimensions (trainer backend, placement,
-reward, balancing, HF export in checkpoints, algorithm, dynamic sampling, rollout schedule, LoRA, dense or MoE
-policy) would make 3072 runs; every pair of values of every two dimensions appears in at least one of the 13
-combinations below, so a bug that needs two features
-at once to show (the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny
+reward, balancing, HF export in checkpoints, algorithm (GRPO, PPO with a critic, on-policy distillation), dynamic
+sampling, rollout schedule, LoRA, dense or MoE policy) would make 4608 runs; every pair of values of every two
+dimensions appears in at least one of the 14 combinations below, so a bug that needs two features at once to show
+(the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny
 models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
 leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial
 placement, a GenRM judge, balancing) also resumes exactly after kill -9 during a background checkpoint write."""
@@ -40,7 +40,7 @@ class Combination(NamedTuple):
     reward: str  # rule (no judge) | genrm (the judge alone) | mixed (genrm_with_rule)
     balance: bool
     export_hf: bool  # checkpoint.export_hf, with a checkpoint at the last step
-    algorithm: str  # grpo | ppo (GAE advantages from a critic)
+    algorithm: str  # grpo | ppo (GAE advantages from a critic) | distill (on-policy distillation from a teacher)
     dynamic: bool  # algorithm.dynamic_sampling.enabled
     schedule: str  # sync | one_step_off (rollout.schedule.mode: the next batch generated while this one trains)
     lora: bool  # model.lora (rank 2, merged sync)
@@ -59,7 +59,7 @@ DIMENSIONS = {
     "reward": ("rule", "genrm", "mixed"),
     "balance": (True, False),
     "export_hf": (True, False),
-    "algorithm": ("grpo", "ppo"),
+    "algorithm": ("grpo", "ppo", "distill"),
     "dynamic": (True, False),
     "schedule": ("sync", "one_step_off"),
     "lora": (False, True),
@@ -69,9 +69,10 @@ MEGATRON = ("tp2", "pp2")
 
 
 def allowed(c: Combination) -> bool:
-    """What yatt refuses (yatt.refusals): partial placement without a judge (it splits the devices between rollout
-    and a judge); LoRA and routing replay (an MoE policy's) on the megatron backend, and a Qwen3-MoE folder there."""
-    partial_without_judge = c.placement == "partial" and c.reward == "rule"
+    """What yatt refuses (yatt.refusals): partial placement without a judge or a distillation teacher (it splits the
+    devices between rollout and them); LoRA and routing replay (an MoE policy's) on the megatron backend, and a
+    Qwen3-MoE folder there."""
+    partial_without_judge = c.placement == "partial" and c.reward == "rule" and c.algorithm != "distill"
     return not partial_without_judge and not (c.backend in MEGATRON and (c.lora or c.policy == "moe"))
 
 
@@ -80,20 +81,21 @@ def allowed(c: Combination) -> bool:
 MAIN = Combination("tp2", "partial", "genrm", True, True, "grpo", False, "sync", False, "dense")
 COMBINATIONS = [
     MAIN,
-    Combination("tp2", "full", "rule", False, False, "ppo", True, "one_step_off", False, "dense"),
-    Combination("torch", "partial", "mixed", False, True, "ppo", True, "sync", True, "moe"),
-    Combination("pp2", "full", "mixed", True, False, "grpo", False, "one_step_off", False, "dense"),
-    Combination("pp2", "partial", "genrm", False, False, "grpo", True, "one_step_off", False, "dense"),
-    Combination("torch", "full", "rule", True, True, "grpo", False, "one_step_off", True, "moe"),
-    Combination("torch", "full", "genrm", False, False, "ppo", False, "sync", True, "moe"),
-    Combination("pp2", "full", "rule", True, True, "ppo", True, "sync", False, "dense"),
-    Combination("tp2", "partial", "mixed", False, True, "ppo", False, "sync", False, "dense"),
-    Combination("fsdp2", "partial", "genrm", True, True, "ppo", False, "sync", True, "dense"),
-    Combination("fsdp2", "full", "rule", False, False, "grpo", True, "one_step_off", False, "moe"),
-    Combination("fsdp2", "partial", "mixed", False, True, "grpo", True, "one_step_off", True, "moe"),
-    Combination("torch", "full", "rule", True, False, "ppo", True, "one_step_off", False, "dense"),
+    Combination("fsdp2", "full", "rule", False, False, "distill", True, "one_step_off", True, "moe"),
+    Combination("torch", "full", "mixed", True, True, "ppo", False, "sync", True, "moe"),
+    Combination("pp2", "partial", "mixed", False, False, "ppo", True, "one_step_off", False, "dense"),
+    Combination("torch", "full", "genrm", False, False, "grpo", True, "sync", True, "dense"),
+    Combination("fsdp2", "partial", "rule", True, True, "distill", False, "sync", False, "dense"),
+    Combination("torch", "partial", "genrm", True, True, "grpo", True, "one_step_off", False, "moe"),
+    Combination("tp2", "full", "mixed", False, False, "distill", False, "one_step_off", False, "dense"),
+    Combination("pp2", "full", "genrm", True, True, "distill", False, "sync", False, "dense"),
+    Combination("fsdp2", "partial", "mixed", True, False, "grpo", False, "sync", True, "dense"),
+    Combination("tp2", "full", "rule", False, True, "ppo", True, "one_step_off", False, "dense"),
+    Combination("fsdp2", "full", "genrm", False, False, "ppo", False, "sync", False, "moe"),
+    Combination("pp2", "full", "rule", True, True, "grpo", True, "sync", False, "dense"),
+    Combination("torch", "partial", "rule", False, False, "distill", False, "sync", False, "dense"),
 ]
-# none: 9-36 s each, the whole module ~4 min on 2 shared CPU cores (the resume test ~1 min), within its budget
+# none: 9-36 s each on 2 CPU cores (the resume test ~1 min)
 SLOW: set[Combination] = set()
 
 
@@ -207,11 +209,22 @@ def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
         f"checkpoint.export_hf={str(c.export_hf).lower()}",
         f"algorithm.dynamic_sampling.enabled={str(c.dynamic).lower()}",
         *(["algorithm.advantage.kind=gae"] if c.algorithm == "ppo" else []),
+        *(distill_overrides(tmp) if c.algorithm == "distill" else []),
         f"rollout.schedule.mode={c.schedule}",
         *(["model.lora.rank=2", "model.lora.alpha=4"] if c.lora else []),
         *(["algorithm.routing_replay=r3"] if c.policy == "moe" else []),
     ]
     return config, overrides
+
+
+def distill_overrides(tmp: Path) -> list[str]:
+    """A larger random teacher with the policy's tokenizer, and the distillation advantage mixed with the reward."""
+    shape = DIGITS_TP.model_copy(update={"hidden_size": 96, "intermediate_size": 192, "num_hidden_layers": 3})
+    teacher = write_tiny_model(tmp / "teacher", shape, seed=5)
+    return [
+        f"reward.teacher={{model: {teacher}, engine: {{backend: hf}}}}",
+        "algorithm.advantage={kind: distill, reward_coef: 0.5}",
+    ]
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -225,6 +238,8 @@ def feature_keys(c: Combination) -> list[str]:
         keys += ["genrm/judged", "genrm/unparseable_frac", "genrm/j/agree_with_rule"]
     if c.algorithm == "ppo":
         keys += ["critic/value_loss", "critic/grad_norm", "critic/explained_var", "critic/value_mean", "critic/warmup"]
+    if c.algorithm == "distill":
+        keys += ["distill/reverse_kl", "teacher/rerouted", "teacher/duplicates_dropped"]
     if c.dynamic:
         keys += ["dynamic_sampling/kept_groups", "dynamic_sampling/dropped_groups", "dynamic_sampling/queue"]
     if c.placement == "partial":

@@ -104,7 +104,7 @@ def test_unknown_registry_names_are_config_errors_listing_the_registered(tmp_pat
         "trainer.backend=jax": "trainer.backend: unknown trainer.backend 'jax'; registered: megatron, torch",
         "rollout.engine.backend=trt": "unknown rollout.engine.backend 'trt'; registered: hf, vllm",
         "algorithm.advantage.kind=ppo": (
-            "unknown algorithm.advantage.kind 'ppo'; registered: gae, gpg, grpo, "
+            "unknown algorithm.advantage.kind 'ppo'; registered: distill, gae, gpg, grpo, "
             "grpo_passk, opo, reinforce_pp, reinforce_pp_baseline, remax, rloo"
         ),
         "algorithm.policy_loss.kind=trpo": "unknown algorithm.policy_loss.kind 'trpo'; registered: cispo, clip_cov, "

@@ -92,6 +92,17 @@ def test_top_p_logprobs_are_renormalised_over_the_nucleus(engine: HFEngine, hf, 
             assert (torch.tensor(c.logprobs) >= r - 1e-5).all()
 
 
+def test_prompt_logprobs_of_given_tokens_match_a_transformers_forward(engine: HFEngine, hf, prompts) -> None:
+    # a teacher's scoring call (on-policy distillation): whatever the sampling settings, the raw logits' log-probs
+    # of every prompt token after the first, in a left-padded batch of very different lengths
+    spec = SamplingSpec(n=2, temperature=0.7, max_tokens=1, prompt_logprobs=True)
+    for prompt, row in zip(prompts, generate(engine, prompts, spec, seeds=[0, 2, 4, 6, 8])):
+        ref = hf_logprobs(hf["A"], prompt[:1], prompt[1:])
+        for c in row:
+            torch.testing.assert_close(torch.tensor(c.prompt_logprobs), ref, atol=1e-4, rtol=0)
+    assert generate(engine, prompts[:1], GREEDY)[0][0].prompt_logprobs == []
+
+
 def test_tiny_top_p_is_greedy(engine: HFEngine, prompts) -> None:
     greedy = [row[0].token_ids for row in generate(engine, prompts, GREEDY)]
     narrow = generate(engine, prompts, SamplingSpec(n=2, temperature=1.0, top_p=1e-6, max_tokens=12), seeds=[1] * 5)

@@ -17,6 +17,7 @@ CFG = SimpleNamespace(
     rollout=SimpleNamespace(group_size=G),
     balance=SimpleNamespace(enabled=False, attention_coef=0.0),
     algorithm=SimpleNamespace(kl_estimator="k1", dynamic_sampling=SimpleNamespace(enabled=False)),
+    reward=SimpleNamespace(teacher=None),
 )
 STATS = ("policy_loss",)
 

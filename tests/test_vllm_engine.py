@@ -90,6 +90,18 @@ def test_greedy_and_logprobs_match_hf_model_a(engine: EngineClient, hf, prompts)
     GREEDY["A"] = check_against_hf(engine, hf["A"], [*prompts, long_prompt], max_new=12)
 
 
+def test_prompt_logprobs_of_given_tokens_match_a_transformers_forward(engine: EngineClient, hf, prompts) -> None:
+    # a teacher's scoring call (on-policy distillation): vLLM's prompt_logprobs are of the raw logits
+    long_prompt = (prompts[0] * 20)[:150]
+    rows = engine.generate(
+        [*prompts, long_prompt], SamplingSpec(n=1, temperature=0.7, max_tokens=1, prompt_logprobs=True)
+    )
+    for prompt, (c,) in zip([*prompts, long_prompt], rows):
+        torch.testing.assert_close(
+            torch.tensor(c.prompt_logprobs), hf_logprobs(hf["A"], prompt[:1], prompt[1:]), atol=1e-4, rtol=0
+        )
+
+
 def test_sampled_logprobs_match_the_trainer_at_temperature(engine: EngineClient, folders, prompts) -> None:
     # vLLM's processed_logprobs at T = 0.7, top_p = 1: softmax(logits / T), as the torch trainer computes
     rows = engine.generate(prompts, SamplingSpec(n=3, temperature=0.7, max_tokens=20), seeds=[0, 10, 20, 30])

@@ -26,6 +26,7 @@ def check_cores(cfg: ExperimentConfig, source: str) -> None:
         "run.cores": cfg.run.cores,
         "rollout.engine.cores": cfg.rollout.engine.cores,
         **{f"reward.judges[{j.name}].engine.cores": j.engine.cores for j in cfg.reward.judges},
+        **({"reward.teacher.engine.cores": cfg.reward.teacher.engine.cores} if cfg.reward.teacher else {}),
     }
     for field, cores in pinned.items():
         if cores and not set(cores) <= usable:
@@ -43,6 +44,7 @@ def check_gpus(cfg: ExperimentConfig, source: str, count: int | None = None) -> 
     engines = {
         "rollout.engine.gpus": cfg.rollout.engine.gpus,
         **{f"reward.judges[{j.name}].engine.gpus": j.engine.gpus for j in cfg.reward.judges},
+        **({"reward.teacher.engine.gpus": cfg.reward.teacher.engine.gpus} if cfg.reward.teacher else {}),
     }
     for field, gpus in engines.items():
         if gpus and max(gpus) >= count:
@@ -63,6 +65,7 @@ BUILT_BY = {
     "quickstart-vl": "make quickstart-vl",
     "quickstart-vl-judge": "make quickstart-vl-genrm",
     "quickstart-tools-policy": "make quickstart-tools",
+    "quickstart-teacher": "make quickstart-distill",
     "smollm2-135m-instruct": "python -m yatt.models.gguf --out models/smollm2-135m-instruct",
 }
 
@@ -76,6 +79,7 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     folders = {
         "model.path": cfg.model.path,
         **{f"reward.judges[{j.name}].model": j.model for j in cfg.reward.judges},
+        **({"reward.teacher.model": cfg.reward.teacher.model} if cfg.reward.teacher else {}),
         **({"critic.model": cfg.critic.model} if cfg.uses_critic and cfg.critic.model else {}),
     }
     for field, folder in folders.items():
@@ -157,6 +161,7 @@ def check_backends(cfg: ExperimentConfig, world_size: int, source: str) -> None:
     engines = {
         "rollout.engine": cfg.rollout.engine,
         **{f"reward.judges[{j.name}].engine": j.engine for j in cfg.reward.judges},
+        **({"reward.teacher.engine": cfg.reward.teacher.engine} if cfg.reward.teacher else {}),
     }
     checks += [
         (f"{field}: ", getattr(engine.backend_entry, "preflight", None), (engine,)) for field, engine in engines.items()

@@ -65,10 +65,23 @@ def _resume_in_sync(cfg: Any) -> str | None:
 
 
 def _partial_without_judge(cfg: Any) -> str | None:
-    if cfg.placement.mode == "partial" and not cfg.reward.judges:
+    if cfg.placement.mode == "partial" and not cfg.reward.judges and cfg.reward.teacher is None:
         return (
             "placement.mode=partial splits devices between rollout and a generative reward "
-            "model, but reward.judges is empty; use placement.mode=full or add a judge"
+            "model, but reward.judges is empty (and there is no reward.teacher); use placement.mode=full or add "
+            "a judge"
+        )
+    return None
+
+
+def _teacher_unread(cfg: Any) -> str | None:
+    advantage, teacher = cfg.algorithm.advantage.kind, cfg.reward.teacher is not None
+    if _estimator(cfg).needs_teacher and not teacher:
+        return f"algorithm.advantage.kind={advantage} reads a teacher's log-probs, but reward.teacher is not set"
+    if teacher and not _estimator(cfg).needs_teacher:
+        return (
+            f"reward.teacher is served but algorithm.advantage.kind={advantage} does not read its log-probs; "
+            "use algorithm.advantage.kind=distill or drop reward.teacher"
         )
     return None
 
@@ -310,6 +323,50 @@ def _agent_images(cfg: Any, world_size: int) -> str | None:
     return None
 
 
+def _vocabulary(folder: Path) -> str | None:
+    """What decides a folder's token ids, read from its tokenizer files as JSON or bytes (no tokenizer is built):
+    tokenizer.json's model vocabulary, merges and added tokens, else vocab.json + merges.txt, else
+    tokenizer.model; None when the folder has none of them."""
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        data = json.loads((folder / "tokenizer.json").read_text())
+        model = data.get("model") or {}
+        added = sorted((t.get("id"), t.get("content")) for t in data.get("added_tokens") or [])
+        return json.dumps([model.get("type"), model.get("vocab"), model.get("merges"), added], sort_keys=True)
+    files = [folder / name for name in ("vocab.json", "merges.txt", "tokenizer.model")]
+    parts = [f.read_bytes().hex() for f in files if f.is_file()]
+    return "".join(parts) or None
+
+
+def _teacher_tokenizer(cfg: Any, world_size: int) -> str | None:
+    teacher = cfg.reward.teacher
+    if teacher is None:
+        return None
+    student, theirs = _vocabulary(cfg.model.path), _vocabulary(teacher.model)
+    if student is not None and theirs is not None and student != theirs:
+        return (
+            f"reward.teacher.model={teacher.model} has another tokenizer than model.path={cfg.model.path}: the "
+            "teacher scores the student's token ids, so both need the same vocabulary (cross-tokenizer "
+            "distillation is not implemented)"
+        )
+    if _vision(cfg.model.path) or _vision(teacher.model):
+        return "reward.teacher: distillation of vision-language policies (image prompts) is not implemented"
+    return None
+
+
+def _teacher_context(cfg: Any, world_size: int) -> str | None:
+    teacher = cfg.reward.teacher
+    if teacher is None:
+        return None
+    context = teacher.engine.max_model_len or _model_config(teacher.model).get("max_position_embeddings")
+    if context is not None and cfg.rollout_tokens + 1 > context:
+        return (
+            f"reward.teacher scores prompt + response ({cfg.rollout_tokens} tokens) and one more, but its context is "
+            f"{context} (reward.teacher.engine.max_model_len or its max_position_embeddings)"
+        )
+    return None
+
+
 def _megatron_model(cfg: Any, world_size: int) -> str | None:
     if cfg.trainer.backend != "megatron":
         return None
@@ -323,8 +380,10 @@ REFUSALS: list[Refusal] = [
             "an ahead schedule decides which weights each batch is generated with", _ahead_sync_every),
     Refusal("rollout.schedule.in_flight=resume + mode=sync",
             "the sync schedule never pushes weights while requests are in flight", _resume_in_sync),
-    Refusal("placement.mode=partial + no reward.judges",
-            "partial placement splits the devices between rollout and a judge", _partial_without_judge),
+    Refusal("placement.mode=partial + no reward.judges and no reward.teacher",
+            "partial placement splits the devices between rollout and a judge (or teacher)", _partial_without_judge),
+    Refusal("algorithm.advantage.kind=distill without reward.teacher, or reward.teacher with another advantage",
+            "the teacher's log-probs are the distillation advantage, and nothing else reads them", _teacher_unread),
     Refusal("a group advantage (grpo, rloo, ...) + rollout.group_size < 2",
             "its advantages are relative to the group", _group_of_one),
     Refusal("a group advantage + balance.keep_groups=false",
@@ -369,6 +428,10 @@ REFUSALS: list[Refusal] = [
             _lora_vision, launch=True),
     Refusal("an agent loop + a vision-language policy (image prompts)", "agent loops take text prompts only",
             _agent_images, launch=True),
+    Refusal("reward.teacher with another tokenizer than model.path, or a vision-language policy or teacher",
+            "the teacher scores the student's token ids (tokenizer files compared)", _teacher_tokenizer, launch=True),
+    Refusal("reward.teacher with a context shorter than prompt + response + 1",
+            "the teacher scores the whole sample and samples one token", _teacher_context, launch=True),
     Refusal("trainer.backend=megatron + a model type, activation or split it does not map",
             "the megatron backend maps qwen2 and llama dense folders (config.json)", _megatron_model, launch=True),
 ]  # fmt: skip

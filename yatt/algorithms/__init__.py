@@ -32,6 +32,7 @@ ADVANTAGES: Registry = Registry(
         "opo": "yatt.algorithms.opo:OPO",
         "gpg": "yatt.algorithms.gpg:GPG",
         "grpo_passk": "yatt.algorithms.grpo_passk:GRPO_PASSK",
+        "distill": "yatt.algorithms.distill:DISTILL",
     },
 )
 POLICY_LOSSES: Registry = Registry(

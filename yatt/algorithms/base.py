@@ -41,6 +41,10 @@ class AdvantageInput:
     # [N, T] the critic's value of each response token's prefix, 0 outside the mask (estimators with
     # needs_values), else None
     values: Tensor | None = None
+    # [N, T] on-policy distillation (estimators with needs_teacher): the teacher's log-prob of each response token,
+    # and the student's, the engine's log-prob of the token it sampled; 0 outside the mask; else None
+    teacher_logprobs: Tensor | None = None
+    student_logprobs: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class AdvantageEstimator:
     needs_greedy_baseline: bool = False
     # reads a critic's per-token values (AdvantageInput.values): the run trains a value model (critic.*)
     needs_values: bool = False
+    # reads a teacher's per-token log-probs (AdvantageInput.teacher_logprobs): the run serves reward.teacher
+    needs_teacher: bool = False
 
 
 @dataclass(frozen=True)

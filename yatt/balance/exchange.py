@@ -171,10 +171,16 @@ def _pack(samples: list[Rollout]) -> tuple[torch.Tensor, torch.Tensor]:
         if s.routed_experts and len(s.routed_experts) != len(s.prompt_ids) + len(s.response_ids):
             raise ValueError(f"sample {s.origin}: routing of {len(s.routed_experts)} tokens, it has "
                              f"{len(s.prompt_ids) + len(s.response_ids)}")  # fmt: skip
+        if s.teacher_logprobs and len(s.teacher_logprobs) != len(s.response_ids):
+            raise ValueError(f"sample {s.origin}: {len(s.teacher_logprobs)} teacher logprobs for "
+                             f"{len(s.response_ids)} tokens")  # fmt: skip
+        # on-policy distillation: the teacher's log-probs travel too, in a slot every sample has (zeros without a
+        # teacher), so the receiver sizes its buffer from the lengths alone
+        taught = int(bool(s.teacher_logprobs))
         ints += [s.origin[0], s.origin[1], FINISH_REASONS.index(s.finish_reason), int(s.vision is not None), width]
-        ints += [*s.prompt_ids, *s.response_ids]
+        ints += [taught, *s.prompt_ids, *s.response_ids]
         ints += s.loss_mask()  # an agent loop's response mask (all 1 for a single-turn sample)
-        floats += [s.reward, s.baseline, *s.rollout_logprobs]
+        floats += [s.reward, s.baseline, *s.rollout_logprobs, *(s.teacher_logprobs or [0.0] * len(s.response_ids))]
     return torch.tensor(ints, dtype=torch.int64), torch.tensor(floats, dtype=torch.float64)
 
 
@@ -189,8 +195,9 @@ def _unpack(
         p, r = lengths[rank][index]
         if (ints_l[a], ints_l[a + 1]) != (rank, index):
             raise RuntimeError(f"exchange out of step: expected sample {(rank, index)}, got {tuple(ints_l[a : a + 2])}")
-        finish, prompt, response = ints_l[a + 2], ints_l[a + 5 : a + 5 + p], ints_l[a + 5 + p : a + 5 + p + r]
-        mask = ints_l[a + 5 + p + r : a + 5 + p + 2 * r]
+        finish, taught = ints_l[a + 2], ints_l[a + 5]
+        prompt, response = ints_l[a + 6 : a + 6 + p], ints_l[a + 6 + p : a + 6 + p + r]
+        mask = ints_l[a + 6 + p + r : a + 6 + p + 2 * r]
         images.append(bool(ints_l[a + 3]))
         widths.append(ints_l[a + 4])
         out.append(
@@ -204,9 +211,10 @@ def _unpack(
                 baseline=floats_l[b + 1],
                 origin=(rank, index),
                 response_mask=mask if 0 in mask else [],
+                teacher_logprobs=floats_l[b + 2 + r : b + 2 + 2 * r] if taught else [],
             )
         )
-        a, b = a + 5 + p + 2 * r, b + 2 + r
+        a, b = a + 6 + p + 2 * r, b + 2 + 2 * r
     return out, images, widths
 
 
@@ -297,7 +305,7 @@ def _unpack_pixels(flat: torch.Tensor, samples: list[Rollout], layout: PixelLayo
 
 def _message_sizes(lengths: Lengths, origins: list[tuple[int, int]]) -> tuple[int, int]:
     pairs = [lengths[rank][i] for rank, i in origins]
-    return sum(5 + p + 2 * r for p, r in pairs), sum(2 + r for _, r in pairs)
+    return sum(6 + p + 2 * r for p, r in pairs), sum(2 + 2 * r for _, r in pairs)
 
 
 def exchange(world: World, samples: list[Rollout], plan: Plan, layout: PixelLayout | None = None) -> list[Rollout]:

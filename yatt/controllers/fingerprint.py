@@ -29,7 +29,11 @@ def config_fingerprint(cfg: ExperimentConfig) -> dict[str, Any]:
         "rollout": cfg.rollout.model_dump(
             mode="json", include={"group_size", "temperature", "top_p", "max_new_tokens"}
         ),
-        "reward": cfg.reward.model_dump(mode="json", exclude={"judges": {"__all__": {"engine"}}}),
+        # the teacher only when there is one, so checkpoints of runs without it stay resumable across its arrival
+        "reward": cfg.reward.model_dump(
+            mode="json",
+            exclude={"judges": {"__all__": {"engine"}}, "teacher": {"engine"} if cfg.reward.teacher else True},
+        ),
         "algorithm": cfg.algorithm.model_dump(mode="json"),
         "trainer": cfg.trainer.model_dump(mode="json", exclude={"micro_batch_size", "micro_batch_tokens"}),
         # only with a critic, so checkpoints of critic-free runs stay resumable across this field's arrival

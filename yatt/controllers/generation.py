@@ -1,4 +1,5 @@
-"""The generation phase of a step: sample G responses per prompt, and have the judges read them.
+"""The generation phase of a step: sample G responses per prompt, and have the judges (and a distillation
+teacher) read them.
 
 `stream=False` (full colocation): all rollouts finish, then the device changes owner, then the
 judges run. `stream=True` (partial colocation): rollout and judge engines run at the same time on
@@ -28,6 +29,7 @@ from yatt.engines.base import SamplingSpec
 from yatt.engines.pool import EnginePool, Request
 from yatt.genrm.judge import Judge
 from yatt.genrm.mixing import mix_rewards
+from yatt.genrm.teacher import TEACHER, Teacher
 from yatt.placement.engine_lifecycle import ROLLOUT, EngineServices, genrm_role
 from yatt.placement.ownership import DeviceOwnership
 from yatt.placement.plan import GenerationSplit
@@ -41,10 +43,59 @@ def judge_seed(run_seed: int, step: int, group: int, sample: int, judge: str) ->
 
 @dataclass
 class JudgeLane:
-    """A judge and the engines that serve it."""
+    """A judge and the engines that serve it: a finished group's responses in, a verdict per response back."""
 
     judge: Judge
     pool: EnginePool
+
+    @property
+    def metrics_prefix(self) -> str:
+        return f"genrm/{self.judge.cfg.name}"
+
+    def requests(self, key: str, group: list[Rollout], tokenizer, pictures, seeds: list[int]) -> list[Request]:
+        out = []
+        for j, r in enumerate(group):
+            text = judged_text(r, self.judge, tokenizer)
+            ids, seen = self.judge.request(r.row.question(), r.row.answer, text, pictures)
+            out.append(Request(f"{key}/{j}", ids, seeds[j], self.judge.sampling, seen))
+        return out
+
+    def take(self, rollout: Rollout, completions, stats: GenerationStats) -> None:
+        verdict = self.judge.score(completions)
+        rollout.judge_scores[self.judge.cfg.name] = verdict.score
+        stats.judged += 1
+        stats.unparseable += verdict.unparseable
+
+
+@dataclass
+class TeacherLane:
+    """On-policy distillation's teacher and its engines, placed like a judge's: a finished group's prompt +
+    response ids in, the teacher's log-prob of every response token back (yatt.genrm.teacher)."""
+
+    teacher: Teacher
+    pool: EnginePool
+    metrics_prefix: str = TEACHER
+
+    def requests(self, key: str, group: list[Rollout], tokenizer, pictures, seeds: list[int]) -> list[Request]:
+        sampling = self.teacher.sampling  # greedy, one token: no seed
+        return [Request(f"{key}/{j}", self.teacher.request(r), None, sampling) for j, r in enumerate(group)]
+
+    def take(self, rollout: Rollout, completions, stats: GenerationStats) -> None:
+        self.teacher.take(rollout, completions)
+
+
+Lane = JudgeLane | TeacherLane
+
+
+def reading_lanes(engines: EngineServices, ranks, judges: dict[str, Judge], teacher: Teacher | None) -> dict[str, Lane]:
+    """The lanes that read each finished group, by engine role: every judge's, and the teacher's, over the engines
+    of their roles on `ranks`."""
+    lanes: dict[str, Lane] = {
+        genrm_role(name): JudgeLane(judge, engines.pool(genrm_role(name), ranks)) for name, judge in judges.items()
+    }
+    if teacher is not None:
+        lanes[TEACHER] = TeacherLane(teacher, engines.pool(TEACHER, ranks))
+    return lanes
 
 
 @dataclass
@@ -111,13 +162,15 @@ def generate_placed(
     split: GenerationSplit | None,
     rank: int,
     judges: dict[str, Judge],
+    teacher: Teacher | None = None,
     **kwargs,
 ) -> tuple[list[Rollout], GenerationStats]:
     """generate_and_judge (given `kwargs` but the engines) on the devices the placement gives each role. Full
     (no split): this device rolls out, then changes owner and judges. Partial: the split's rollout and GenRM
-    devices at once, each group judged as soon as it is back."""
+    devices at once, each group judged as soon as it is back. The `teacher` (on-policy distillation) reads the
+    groups like a judge, on the same devices."""
     if split is None:
-        lanes = {name: JudgeLane(j, engines.pool(genrm_role(name), [rank])) for name, j in judges.items()}
+        lanes = reading_lanes(engines, [rank], judges, teacher)
         with placement.own("rollout"):
             return generate_and_judge(
                 rollout_pool=engines.pool(ROLLOUT, [rank]),
@@ -126,7 +179,7 @@ def generate_placed(
                 before_judging=lambda: placement.acquire("genrm"),
                 **kwargs,
             )
-    lanes = {name: JudgeLane(j, engines.pool(genrm_role(name), split.genrm)) for name, j in judges.items()}
+    lanes = reading_lanes(engines, split.genrm, judges, teacher)
     with placement.own(split.role_of(rank)):
         return generate_and_judge(rollout_pool=engines.pool(ROLLOUT, split.rollout), lanes=lanes, stream=True, **kwargs)
 
@@ -138,7 +191,7 @@ def generate_and_judge(
     sampling: SamplingSpec,
     tokenizer,
     rollout_pool: EnginePool,
-    lanes: dict[str, JudgeLane],
+    lanes: dict[str, Lane],
     *,
     step: int,
     run_seed: int,
@@ -170,14 +223,11 @@ def generate_and_judge(
 
     def judge_group(g: int) -> None:
         pictures = images[g].images if images[g] else None  # a VL judge sees them (Judge.request), a text one not
-        for name, lane in lanes.items():
-            requests = []
-            for j, r in enumerate(groups[g]):
-                text = judged_text(r, lane.judge, tokenizer)
-                ids, seen = lane.judge.request(r.row.question(), r.row.answer, text, pictures)
-                seed = judge_seed(run_seed, step, round_ * 1_000_000 + first_group + g, j, name)
-                requests.append(Request(f"s{step}r{round_}/g{g}/{j}", ids, seed, lane.judge.sampling, seen))
-            lane.pool.submit(requests)
+        for role, lane in lanes.items():
+            name = role.removeprefix("genrm-")  # a judge's seeds by its name, as before lanes were keyed by role
+            group = round_ * 1_000_000 + first_group + g
+            seeds = [judge_seed(run_seed, step, group, j, name) for j in range(len(groups[g]))]
+            lane.pool.submit(lane.requests(f"s{step}r{round_}/g{g}", groups[g], tokenizer, pictures, seeds))
 
     def take_rollouts(key: str, completions) -> None:
         g = int(key.rsplit("/g", 1)[1])
@@ -187,13 +237,10 @@ def generate_and_judge(
         if stream and lanes:
             judge_group(g)
 
-    def take_verdicts(name: str) -> Callable:
+    def take_verdicts(role: str) -> Callable:
         def take(key: str, completions) -> None:
             _, g, j = key.split("/")
-            verdict = lanes[name].judge.score(completions)
-            groups[int(g[1:])][int(j)].judge_scores[name] = verdict.score
-            stats.judged += 1
-            stats.unparseable += verdict.unparseable
+            lanes[role].take(groups[int(g[1:])][int(j)], completions, stats)
 
         return take
 
@@ -221,7 +268,7 @@ def generate_and_judge(
     stats.judge_tail_s = time.perf_counter() - start - stats.rollout_s
     rollouts = [r for g in range(len(rows)) for r in groups[g]]
     stats.max_judge_queue = max((lane.pool.max_queue for lane in lanes.values()), default=0)  # the pools track it
-    for prefix, pool in [("rollout", rollout_pool)] + [(f"genrm/{n}", lane.pool) for n, lane in lanes.items()]:
+    for prefix, pool in [("rollout", rollout_pool)] + [(lane.metrics_prefix, lane.pool) for lane in lanes.values()]:
         for key, value in pool.take_metrics(prefix).items():
             stats.pools[key] = stats.pools.get(key, 0.0) + value
     return rollouts, stats

@@ -89,6 +89,9 @@ def step_reductions(
         "tokens": update["tokens"],
         **{f"actor/{name}": update[name] for name in stats},
     }
+    if cfg.reward.teacher is not None:  # on-policy distillation: student - teacher log-prob of the sampled tokens
+        teacher = batch.extras.get("teacher_logprobs", torch.zeros_like(mask))  # a rank may hold no samples
+        sums["distill_kl"] = float(masked_sum(batch.extras["rollout_logprobs"] - teacher, mask))
     peaks = {  # a rank may hold no samples
         "response/length_max": float(lengths.max()) if lengths.numel() else 0.0,
         "rollout/trainer_logprob_diff_max": float(lp_diff.max()) if lp_diff.numel() else 0.0,
@@ -142,6 +145,8 @@ def step_metrics(
             }
         )
     metrics["perf/gen_tokens_per_s"] = s["resp_tokens"] / max(metrics["time/generate_s"], 1e-9)
+    if "distill_kl" in s:  # the mean per-token reverse KL(student || teacher) on the student's samples
+        metrics["distill/reverse_kl"] = s["distill_kl"] / den["resp_tokens"]
     if cfg.algorithm.dynamic_sampling.enabled:
         metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
     return metrics

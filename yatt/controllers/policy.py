@@ -30,9 +30,13 @@ def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float) -> Tok
     batch = TokenBatch.from_sequences([r.prompt_ids for r in rollouts], [r.response_ids for r in rollouts], pad_id)
     batch.pixels, batch.image_index = stack_pixels(rollouts)
     batch.extras["rollout_logprobs"] = batch.per_token([r.rollout_logprobs for r in rollouts])
+    if any(r.teacher_logprobs for r in rollouts):  # on-policy distillation (reward.teacher)
+        batch.extras["teacher_logprobs"] = batch.per_token([r.teacher_logprobs for r in rollouts])
     if any(r.response_mask for r in rollouts):  # laid out under the response positions, before they change
         batch.mask = batch.mask * batch.per_token([r.loss_mask() for r in rollouts])
         batch.extras["rollout_logprobs"] *= batch.mask
+        if "teacher_logprobs" in batch.extras:
+            batch.extras["teacher_logprobs"] *= batch.mask
     batch.temperature = temperature
     batch.routing = routing_of(rollouts, batch)
     return batch
@@ -111,7 +115,8 @@ def advantage_input(
     world: World,
 ) -> AdvantageInput:
     """The estimator's input: the rewards (less the KL penalty with kl_mode=reward, which also hands the
-    estimator the per-token KL), the ReMax baselines, and the critic's values."""
+    estimator the per-token KL), the ReMax baselines, the critic's values, and for on-policy distillation the
+    teacher's log-probs with the student's: the engine's of the tokens it sampled (yatt.algorithms.distill)."""
     rewards = torch.tensor([r.reward for r in rollouts], dtype=torch.float32)
     token_kl = None
     if ref_lp is not None and algorithm.cfg.kl_mode == "reward":
@@ -119,7 +124,9 @@ def advantage_input(
         rewards = kl_penalized_rewards(rewards, kl, batch.mask, algorithm.kl_coef)
         token_kl = algorithm.kl_coef * kl * batch.mask
     baselines = torch.tensor([r.baseline for r in rollouts], dtype=torch.float32)
-    return AdvantageInput(rewards, batch.mask, group_size, world, token_kl, baselines, values)
+    teacher = batch.extras.get("teacher_logprobs")
+    student = batch.extras["rollout_logprobs"] if teacher is not None else None
+    return AdvantageInput(rewards, batch.mask, group_size, world, token_kl, baselines, values, teacher, student)
 
 
 def _recording(loss_fn: LossFn, old_logprobs: Tensor, entropy: Tensor) -> LossFn:

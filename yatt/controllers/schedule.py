@@ -175,14 +175,17 @@ class RolloutSchedule(abc.ABC):
         """The generation split batch `step` is made with (None: full placement), the same on every rank."""
         return self.where.splits.split_for(self.settled(step))
 
-    def placement_metrics(self, data: World, step: int, batch: Batch, timer: StageTimer, judges) -> dict[str, float]:
+    def placement_metrics(
+        self, data: World, step: int, batch: Batch, timer: StageTimer, judges, teacher: bool = False
+    ) -> dict[str, float]:
         """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics; sums
-        over `data`, the data-parallel ranks); looks restarted engines up again, and picks the next step's split."""
+        over `data`, the data-parallel ranks); looks restarted engines up again, and picks the next step's split.
+        `teacher`: the run serves a distillation teacher (its engines' pool metrics)."""
         where = self.where
         busy = {**batch.busy, "train": timer.seconds["logprobs"] + timer.seconds["update"]}
         restarts, owned = where.engines.take_restarts(), where.placement.take_metrics()
         parts = (busy, owned, restarts, batch.restarted, batch.stats, self.split(step), timer.total, judges)
-        out = step_placement_metrics(data, where.world, *parts, batch.rollouts)
+        out = step_placement_metrics(data, where.world, *parts, batch.rollouts, teacher=teacher)
         if out["placement/engine_restarts"]:
             with self.engines:
                 where.engines.forget_endpoints()

@@ -37,6 +37,7 @@ from yatt.data.rollout import Rollout
 from yatt.data.stream import PromptStream
 from yatt.distributed import World
 from yatt.genrm.judge import Judge
+from yatt.genrm.teacher import Teacher
 from yatt.models.vision import ImageInputs, is_vision_model
 from yatt.placement.engine_lifecycle import ROLLOUT
 from yatt.placement.metrics import summed
@@ -81,6 +82,7 @@ class ControllerShard(ShardState):
         # processor), so the folder loads as the same kind of model
         self.saved_with_weights = self.image_inputs.processor if self.image_inputs is not None else self.tokenizer
         self.judges = {j.name: Judge(j) for j in cfg.reward.judges}
+        self.teacher = Teacher(cfg.reward.teacher) if cfg.reward.teacher else None  # on-policy distillation
         # what the `train` role owns: the policy, the reference model, the critic
         trainers = lambda: [t for t in (self.trainer, self.ref, self.critic and self.critic.trainer) if t is not None]
         train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
@@ -106,7 +108,9 @@ class ControllerShard(ShardState):
         sampling_metrics = reduce_metrics(self.world, batch.counts) if batch.counts else {}
         rollouts = batch.rollouts
         metrics, balance_metrics = self.consume(rollouts, step, timer)
-        metrics.update(self.rollouts.placement_metrics(self.world, step, batch, timer, self.judges))
+        metrics.update(
+            self.rollouts.placement_metrics(self.world, step, batch, timer, self.judges, self.teacher is not None)
+        )
         metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, rollouts)))
         if self.agent is not None:  # from the rollouts as generated (balancing moves no agent counts)
             metrics.update(agent_metrics(summed(self.world, agent_sums(rollouts)), "agent"))
@@ -183,7 +187,9 @@ class ControllerShard(ShardState):
             where = (self.engines, self.engine_placement, self.rollouts.split(step), self.devices.rank, self.judges)
             tags = dict(step=step, round_=round_, run_seed=cfg.run.seed, first_group=share.start)  # judge seeds
             sampling, agent = self.sampling, self.agent
-            rollouts, stats = generate_placed(*where, seeds=seeds, sampling=sampling, agent=agent, **tags, **prompts)
+            rollouts, stats = generate_placed(
+                *where, teacher=self.teacher, seeds=seeds, sampling=sampling, agent=agent, **tags, **prompts
+            )
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
                 with self.engine_placement.own("rollout"):
                     pool = self.engines.pool(ROLLOUT, [self.devices.rank])

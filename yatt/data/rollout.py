@@ -45,6 +45,9 @@ class Rollout:
     # routing replay r3 on a mixture-of-experts policy: per prompt and response token, the experts each MoE layer
     # routed it to in the engine (layers x k ints, layer-major; -1s where none was recorded); empty: none
     routed_experts: list[list[int]] = field(default_factory=list)
+    # on-policy distillation (reward.teacher): the teacher's log-prob of each response token given the prompt and
+    # the response before it (raw logits, yatt.genrm.teacher); empty without a teacher
+    teacher_logprobs: list[float] = field(default_factory=list)
 
     def loss_mask(self) -> list[int]:
         """Per response id: 1 where the trainer scores it (model tokens), 0 for environment tokens."""

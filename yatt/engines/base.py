@@ -25,6 +25,10 @@ class SamplingSpec:
     # a mixture-of-experts model: return the experts each prompt and response token was routed to
     # (Completion.routed_experts; routing replay r3), where the backend declares routing_replay (yatt.backends)
     routed_experts: bool = False
+    # also score the prompt: Completion.prompt_logprobs, the log-prob of every prompt token after the first given
+    # the tokens before it, of the raw logits (temperature 1, no top-p), whatever the sampling settings. A teacher
+    # (on-policy distillation) asks for this with max_tokens=1 to score a student's prompt + response ids.
+    prompt_logprobs: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,6 +55,9 @@ class Completion:
     # SamplingSpec.routed_experts on an MoE model: per prompt token then per response token, the experts each MoE
     # layer routed it to (layers x k ints, layer-major); the last response token, never fed back, has -1s
     routed_experts: list[list[int]] = field(default_factory=list)
+    # SamplingSpec.prompt_logprobs: log p(prompt[i] | prompt[:i]) for i = 1 .. len(prompt) - 1 (float32, raw
+    # logits); the same list in every sample of the request; empty when not asked
+    prompt_logprobs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,6 +70,7 @@ class Completion:
             finish_reason=str(d["finish_reason"]),
             versions=list(d.get("versions", [])),
             routed_experts=[list(t) for t in d.get("routed_experts", [])],
+            prompt_logprobs=[float(x) for x in d.get("prompt_logprobs", [])],
         )
 
 

@@ -14,6 +14,9 @@ distribution sampled from: softmax(logits / temperature), renormalised over the 
 top_p < 1 (like `VLLMEngine` with vLLM's processed_logprobs; the trainer divides by the temperature too but
 does not truncate to the nucleus); at temperature 0 (greedy) they are of the raw logits.
 
+`SamplingSpec.prompt_logprobs` (a teacher scoring a student's ids) keeps the prefill's logits at every position
+and returns log p(prompt token | the tokens before it) of the raw logits with the completions.
+
 A vision-language folder (yatt.models.vision) is served too: a prompt's images come as encoded bytes with
 one placeholder token each, are expanded here with the folder's processor (the same expansion the trainer
 uses), and go into the prefill as pixel tensors; a batch holds prompts with the same image layout only.
@@ -250,7 +253,7 @@ class HFEngine:
                 position_ids=(mask.cumsum(1) - 1).clamp(min=0),
                 past_key_values=cache,
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=0 if sp.prompt_logprobs else 1,  # 0: every position's, to score the prompt
                 **images,
             )
             prompt_routes = (
@@ -258,6 +261,7 @@ class HFEngine:
                 if record
                 else None
             )
+        scored = self._prompt_logprobs(out.logits, ids, [len(p) for p in prompts]) if sp.prompt_logprobs else None
         logits = out.logits[:, -1].float().repeat_interleave(n, dim=0)  # rows: prompt-major, sample-minor
         cache.batch_repeat_interleave(n)
         mask = mask.repeat_interleave(n, dim=0)
@@ -317,10 +321,21 @@ class HFEngine:
             Completion(tokens[r][: length[r]], logps[r][: length[r]] if sp.logprobs else [], reasons[r])
             for r in range(B)
         ]
+        if scored:
+            for r, c in enumerate(done):
+                c.prompt_logprobs = scored[r // n]
         if record:
             for r, c in enumerate(done):
                 c.routed_experts = prompt_routes[r // n] + routes[r, : length[r]].tolist()
         return [done[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    @staticmethod
+    def _prompt_logprobs(logits: torch.Tensor, ids: torch.Tensor, lengths: list[int]) -> list[list[float]]:
+        """Per left-padded prompt, log p(token i | tokens before) for its tokens 1.. from the prefill's logits
+        (raw: no temperature), as gather - logsumexp so no [B, L, vocab] log-softmax is kept."""
+        width, logits = ids.shape[1], logits[:, :-1].float()
+        scores = logits.gather(2, ids[:, 1:, None])[..., 0] - torch.logsumexp(logits, dim=-1)
+        return [scores[i, width - length :].tolist() for i, length in enumerate(lengths)]
 
     def _routes(self, rows: int) -> torch.Tensor:
         """The last forward's routing as [rows, tokens per row, layers, k]."""

@@ -131,6 +131,8 @@ class VLLMEngine:
             max_tokens=sampling.max_tokens,
             stop_token_ids=list(sampling.stop_token_ids),
             logprobs=0 if sampling.logprobs else None,  # 0 = only the sampled token's logprob
+            # 0 = each prompt token's own log-prob; vLLM computes them from the raw logits in every logprobs_mode
+            prompt_logprobs=0 if sampling.prompt_logprobs else None,
             seed=seed,
             detokenize=False,  # the trainer works on token ids; text would only cost time
         )
@@ -173,7 +175,12 @@ class VLLMEngine:
             if out.finished:
                 want = self._want_logprobs.pop(out.request_id, True)
                 self.adapter.release(out.request_id)
-                finished.append((out.request_id, [self._completion(o, want) for o in out.outputs]))
+                completions = [self._completion(o, want) for o in out.outputs]
+                if out.prompt_logprobs is not None:
+                    scored = self._prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs)
+                    for c in completions:
+                        c.prompt_logprobs = scored
+                finished.append((out.request_id, completions))
         return finished
 
     def abort(self, request_ids: list[str]) -> None:
@@ -220,6 +227,14 @@ class VLLMEngine:
             if len(logprobs) != len(token_ids):
                 raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
         return Completion(token_ids=token_ids, logprobs=logprobs, finish_reason=str(o.finish_reason))
+
+    @staticmethod
+    def _prompt_logprobs(prompt: list[int], scored: list[Any]) -> list[float]:
+        """vLLM's per-position dicts (None for the first token, which nothing predicts) -> each token's log-prob."""
+        out = [float(pos[tok].logprob) for tok, pos in zip(prompt[1:], scored[1:])]
+        if len(out) != len(prompt) - 1:
+            raise RuntimeError(f"vLLM returned {len(out)} prompt logprobs for {len(prompt)} prompt tokens")
+        return out
 
     def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Copy new weights (HF names, whole fused modules per call) into the running model; LoRA adapters among

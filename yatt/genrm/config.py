@@ -1,5 +1,5 @@
-"""Config of a generative reward model (GenRM) judge, and the `reward` section that mixes judges with the rule
-verifiers."""
+"""Config of a generative reward model (GenRM) judge, of a distillation teacher, and the `reward` section that mixes
+judges with the rule verifiers."""
 
 from __future__ import annotations
 
@@ -58,6 +58,22 @@ class JudgeConfig(BaseModel):
         return self
 
 
+class TeacherConfig(BaseModel):
+    """On-policy distillation's teacher (yatt.genrm.teacher): a causal LM served and placed like a judge, which
+    scores the student's own samples token by token instead of giving a verdict. It must share the policy's
+    tokenizer (it reads the student's token ids); it may be larger. What its log-probs become is the advantage
+    estimator's business (algorithm.advantage.kind: distill)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Path = Field(description="Local Hugging Face model folder of the teacher (the policy's tokenizer).")
+    engine: EngineConfig = Field(
+        default_factory=EngineConfig,
+        description="The teacher's engine processes (max_model_len null: the model's context, which must hold "
+        "prompt + response + 1).",
+    )
+
+
 class RewardConfig(Section):
     kind: MixMode = Field(
         "rule",
@@ -66,6 +82,11 @@ class RewardConfig(Section):
     )
     rule_weight: float = Field(1.0, ge=0.0, description="Weight of the rule score in genrm_with_rule.")
     judges: list[JudgeConfig] = Field(default_factory=list, description="Generative reward models (GenRM).")
+    teacher: TeacherConfig | None = Field(
+        None,
+        description="On-policy distillation: a teacher engine that returns per-token log-probs of every sample, "
+        "served on the genrm devices like a judge; read by algorithm.advantage.kind=distill (docs/distillation.md).",
+    )
     verifiers: dict[str, str] = Field(
         default_factory=dict,
         description="Your own rule verifiers by data_source "

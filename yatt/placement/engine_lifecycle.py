@@ -1,7 +1,7 @@
 """This rank's engine processes, and clients to every rank's engines.
 
-Each rank starts one rollout engine and one engine per judge on its own device (on GPU the idle
-one sleeps). Endpoints are published through torchrun's key-value store, so any controller can
+Each rank starts one rollout engine and one engine per judge (and a distillation teacher's) on its own device (on
+GPU the idle one sleeps). Endpoints are published through torchrun's key-value store, so any controller can
 reach any engine without configuration. Every engine's secret is derived from one per-run secret
 (`yatt.transport.secret`: from the launcher's environment or an owner-only file, never through the
 store, which anyone who reaches the rendezvous port can read), so a process outside the run cannot talk
@@ -23,6 +23,7 @@ from yatt.engines.config import EngineConfig
 from yatt.engines.pool import EnginePool
 from yatt.engines.resume import Preemption, ResumingPool
 from yatt.genrm.judge import judge_engine
+from yatt.genrm.teacher import TEACHER, teacher_engine
 from yatt.placement.ownership import HookRole
 from yatt.tensors import NamedTensors
 from yatt.transport.secret import run_secret
@@ -76,6 +77,9 @@ class EngineServices:
         }
         for j in cfg.reward.judges:
             self.specs[genrm_role(j.name)] = (str(j.model), judge_engine(j), cfg.run.seed + 1000 + world.rank)
+        if cfg.reward.teacher is not None:  # on-policy distillation: served and placed like a judge
+            teacher = cfg.reward.teacher
+            self.specs[TEACHER] = (str(teacher.model), teacher_engine(teacher), cfg.run.seed + 2000 + world.rank)
         self.local: dict[str, EngineClient] = {}
         self.generation = 0
         self.uncounted_restarts = 0  # engines restarted since take_restarts last counted them

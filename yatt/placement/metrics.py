@@ -45,6 +45,7 @@ def step_placement_metrics(
     step_s: float,
     judges: dict,
     rollouts: list,
+    teacher: bool = False,
 ) -> dict[str, float]:
     """One step's placement metrics. `busy`: this rank's seconds of engine work (engine_busy) and of training
     ("train"); `owned`: DeviceOwnership.take_metrics(); `restarts`: this rank's engine restarts during the step
@@ -81,7 +82,7 @@ def step_placement_metrics(
                 world, judges, rollouts, gen.judged, gen.unparseable, load["load/genrm_busy_s"], gen.max_judge_queue
             )
         )
-    out.update(pool_metrics(world, gen.pools, list(judges)))
+    out.update(pool_metrics(world, gen.pools, list(judges), teacher))
     return out
 
 
@@ -108,9 +109,11 @@ def device_metrics(world: World, owned: dict[str, float], busy_s: float, step_s:
 POOL_EVENTS = ("rerouted", "respawned", "duplicates_dropped")
 
 
-def pool_metrics(world: World, pools: dict[str, float], judge_names) -> dict[str, float]:
-    """Requests re-routed from dead engines, engines respawned and late duplicates dropped, per pool kind."""
-    keys = [f"{kind}/{event}" for kind in ["rollout", *(f"genrm/{n}" for n in judge_names)] for event in POOL_EVENTS]
+def pool_metrics(world: World, pools: dict[str, float], judge_names, teacher: bool = False) -> dict[str, float]:
+    """Requests re-routed from dead engines, engines respawned and late duplicates dropped, per pool kind (the
+    distillation teacher's too, with `teacher`)."""
+    kinds = ["rollout", *(f"genrm/{n}" for n in judge_names), *(["teacher"] if teacher else [])]
+    keys = [f"{kind}/{event}" for kind in kinds for event in POOL_EVENTS]
     return summed(world, {k: pools.get(k, 0.0) for k in keys})  # fixed keys: a rank may have had no pools
 
 
