@@ -96,7 +96,8 @@ def model_refusal(config: dict, tp: int, pp: int, ep: int = 1) -> str | None:
 
 def _moe_refusal(hf: dict, ep: int) -> str | None:
     """What of a mixture-of-experts config the mapping does not cover (yatt.trainers.megatron_moe)."""
-    experts = hf.get("num_experts") if hf.get("model_type") == "qwen3_moe" else None
+    # transformers 5 writes num_local_experts (num_experts is its attribute alias)
+    experts = hf.get("num_local_experts") or hf.get("num_experts") if hf.get("model_type") == "qwen3_moe" else None
     if not experts:
         return f"trainer.megatron.expert_parallel={ep} needs a mixture-of-experts model" if ep > 1 else None
     if experts % ep:

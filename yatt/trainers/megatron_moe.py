@@ -40,10 +40,16 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
     scatter_to_sequence_parallel_region,
 )
+from megatron.core.transformer.moe import moe_utils
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from torch import Tensor, nn
 
 from yatt.trainers.megatron_experts import is_moe
+
+# megatron-core 0.16 imports Transformer Engine's GEMM for the router in a try block that, without Transformer
+# Engine, leaves the name undefined instead of None, and the router's linear then raises NameError (on GPUs too)
+if not hasattr(moe_utils, "te_general_gemm"):
+    moe_utils.te_general_gemm = None
 
 
 def aux_loss_coef(hf: Any, coef: float | None) -> float:
@@ -66,7 +72,6 @@ def moe_config(hf: Any, ep: int, coef: float | None) -> dict[str, Any]:
         moe_router_load_balancing_type="aux_loss" if mcore_coef > 0 else "none",
         moe_aux_loss_coeff=mcore_coef,
         moe_grouped_gemm=False,  # grouped GEMM needs CUDA kernels; SequentialMLP runs one expert at a time
-        moe_token_dispatcher_type="alltoall",
         expert_model_parallel_size=ep,
         expert_tensor_parallel_size=1,
     )
