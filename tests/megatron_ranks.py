@@ -302,8 +302,7 @@ def grad_body(world, folder: str, tp: int, ep: int, ids: torch.Tensor, weights: 
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
     cfg = TrainerConfig(
-        backend="megatron",
-        megatron=MegatronConfig(tensor_parallel=tp, expert_parallel=ep, router_aux_loss_coef=0.0),
+        backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, expert_parallel=ep, router_aux_loss_coef=0.0)
     )
     trainer = MegatronTrainer(folder, cfg, world, trainable=False)
     gpt = trainer.gpt.train().requires_grad_(True)
@@ -326,5 +325,8 @@ def grad_body(world, folder: str, tp: int, ep: int, ids: torch.Tensor, weights: 
         for p in gpt.parameters():
             p.copy_(p.grad)
     grads = {k: v.clone() for bucket in trainer.engine_weights(1 << 30) for k, v in bucket}
-    return {"logp": logp.detach().view(len(mine), width - 1), "rows": list(range(dp_rank, len(ids), dp)),
-            "grads": grads}
+    return {
+        "logp": logp.detach().view(len(mine), width - 1),
+        "rows": list(range(dp_rank, len(ids), dp)),
+        "grads": grads,
+    }

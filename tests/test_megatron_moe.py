@@ -95,7 +95,9 @@ def test_round_trip_is_bit_exact_over_tp_and_ep(qwen3_moe):
     weights = read_hf_weights(qwen3_moe)
     want = AutoModelForCausalLM.from_pretrained(qwen3_moe, dtype=torch.float32).state_dict()
     tp, ep = 2, 2
-    shards = {(t, e): mm.local_state_from_hf(weights, hf, tp, t, 1, 0, False, "lm", ep, e) for t in (0, 1) for e in (0, 1)}
+    shards = {
+        (t, e): mm.local_state_from_hf(weights, hf, tp, t, 1, 0, False, "lm", ep, e) for t in (0, 1) for e in (0, 1)
+    }
     full: dict = {}
     for name in shards[0, 0]:
         if is_expert(name):

@@ -44,7 +44,8 @@ def _hf_expert(hf_layer: dict[str, Tensor], e: int) -> tuple[Tensor, Tensor]:
     if "mlp.experts.gate_up_proj" in hf_layer:
         return hf_layer["mlp.experts.gate_up_proj"][e], hf_layer["mlp.experts.down_proj"][e]
     p = f"mlp.experts.{e}."
-    return torch.cat([hf_layer[p + "gate_proj.weight"], hf_layer[p + "up_proj.weight"]]), hf_layer[p + "down_proj.weight"]
+    fc1 = torch.cat([hf_layer[p + "gate_proj.weight"], hf_layer[p + "up_proj.weight"]])
+    return fc1, hf_layer[p + "down_proj.weight"]
 
 
 def hf_moe_to_mcore(hf_layer: dict[str, Tensor], hf: Any, ep: int = 1, ep_rank: int = 0) -> dict[str, Tensor]:

@@ -101,9 +101,7 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // tp) * tp
 
 
-def transformer_config(
-    hf: Any, tp: int, pp: int, dtype: torch.dtype, ep: int = 1, aux_loss_coef: float | None = None
-):
+def transformer_config(hf: Any, tp: int, pp: int, dtype: torch.dtype, ep: int = 1, aux_loss_coef: float | None = None):
     """megatron's TransformerConfig for an HF config; CUDA-only fusions off, no dropout. `ep` and
     `aux_loss_coef` (None: the model config's) apply to a Qwen3-MoE."""
     from megatron.core.transformer import TransformerConfig

@@ -154,7 +154,8 @@ class MegatronTrainer:
             from yatt.trainers import megatron_moe as moe  # imports megatron-core
 
             # a MoE policy's experts' load, per step (yatt.trainers.megatron_moe)
-            self.expert_load = moe.attach(self.gpt, self._text, mm.stage_layers(self._text, self.pp, self.pp_rank).start)
+            first_layer = mm.stage_layers(self._text, self.pp, self.pp_rank).start
+            self.expert_load = moe.attach(self.gpt, self._text, first_layer)
             last = self.pp_rank == self.pp - 1
             tied_output = self._text.tie_word_embeddings and self.pp > 1 and last and head == "lm"
             hf_state, tower = read_hf_weights(Path(model_path)), {}
