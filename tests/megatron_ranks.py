@@ -133,17 +133,18 @@ def trainer_step_body(
     denominators: tuple,
     trainer_kwargs: dict,
     freeze_vision: bool = False,
+    megatron_kwargs: dict | None = None,
 ) -> dict:
     """One MegatronTrainer.train_mini_batch on this rank's rows (by data-parallel rank) with the PPO loss:
-    its stats, the weights after the step under HF names, and log-probs before the step."""
+    its stats, the weights after the step under HF names, and log-probs before the step. `megatron_kwargs`:
+    more of trainer.megatron (expert_parallel, ...)."""
     from yatt.algorithms.objective import Algorithm
     from yatt.config import AlgorithmConfig, TrainerConfig
     from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
-    cfg = TrainerConfig(
-        backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp), **trainer_kwargs
-    )
+    own = MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp, **(megatron_kwargs or {}))
+    cfg = TrainerConfig(backend="megatron", megatron=own, **trainer_kwargs)
     trainer = MegatronTrainer(folder, cfg, world, total_steps=4, freeze_vision=freeze_vision)
     mine = batch.select(rows[trainer.dp_rank])  # extras (old log-probs, advantages) come along
     logp, ent = trainer.logprobs(mine, with_entropy=True)
