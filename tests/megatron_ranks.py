@@ -133,17 +133,18 @@ def trainer_step_body(
     denominators: tuple,
     trainer_kwargs: dict,
     freeze_vision: bool = False,
+    megatron_kwargs: dict | None = None,
 ) -> dict:
     """One MegatronTrainer.train_mini_batch on this rank's rows (by data-parallel rank) with the PPO loss:
-    its stats, the weights after the step under HF names, and log-probs before the step."""
+    its stats, the weights after the step under HF names, and log-probs before the step. `megatron_kwargs`:
+    more of trainer.megatron (expert_parallel, ...)."""
     from yatt.algorithms.objective import Algorithm
     from yatt.config import AlgorithmConfig, TrainerConfig
     from yatt.trainers.megatron_config import MegatronConfig
     from yatt.trainers.megatron_trainer import MegatronTrainer
 
-    cfg = TrainerConfig(
-        backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp), **trainer_kwargs
-    )
+    own = MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp, **(megatron_kwargs or {}))
+    cfg = TrainerConfig(backend="megatron", megatron=own, **trainer_kwargs)
     trainer = MegatronTrainer(folder, cfg, world, total_steps=4, freeze_vision=freeze_vision)
     mine = batch.select(rows[trainer.dp_rank])  # extras (old log-probs, advantages) come along
     logp, ent = trainer.logprobs(mine, with_entropy=True)
@@ -283,3 +284,50 @@ def data_world_body(world, tp: int, pp: int) -> dict:
         out["exchanged"] = got.tolist()
     view.barrier()
     return out
+
+
+def grad_body(world, folder: str, tp: int, ep: int, ids: torch.Tensor, weights: torch.Tensor) -> dict:
+    """Log-probs of `ids` (padded rows, every next token scored) from the megatron model of `folder` at TP x EP
+    (data parallel = the rest; data-parallel rank d takes rows d::DP), and the gradient of sum(weights * logp)
+    over all rows under HF names: each rank's backward, then the reductions megatron's DDP and yatt's finalize
+    make (router weights summed over TP by `megatron_moe.finalize`, q/k norms over TP, dense weights over DP,
+    experts over their data-parallel replicas), summed rather than averaged, then gathered as the engines'
+    weights are (the gradients put in place of the weights)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from yatt.config import TrainerConfig
+    from yatt.trainers.megatron_config import MegatronConfig
+    from yatt.trainers.megatron_experts import is_expert
+    from yatt.trainers.megatron_moe import finalize
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    cfg = TrainerConfig(
+        backend="megatron", megatron=MegatronConfig(tensor_parallel=tp, expert_parallel=ep, router_aux_loss_coef=0.0)
+    )
+    trainer = MegatronTrainer(folder, cfg, world, trainable=False)
+    gpt = trainer.gpt.train().requires_grad_(True)
+    dp, dp_rank = trainer.dp_size, trainer.dp_rank
+    mine = ids[dp_rank::dp]
+    width = mine.shape[1]
+    select = (torch.arange(len(mine))[:, None] * width + torch.arange(width - 1)).reshape(-1)
+    logp, _ = trainer.scorer(mine, select, mine[:, 1:].reshape(-1), 1.0, False)
+    (logp * weights[dp_rank::dp].reshape(-1)).sum().backward()
+    for p in gpt.parameters():
+        p.main_grad = p.grad
+    finalize(lambda *args, **kwargs: None)([gpt])
+    for name, p in gpt.named_parameters():
+        if ("q_layernorm" in name or "k_layernorm" in name) and tp > 1:
+            dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        group = ps.get_expert_data_parallel_group() if is_expert(name) else ps.get_data_parallel_group()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(p.grad, group=group)
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.copy_(p.grad)
+    grads = {k: v.clone() for bucket in trainer.engine_weights(1 << 30) for k, v in bucket}
+    return {
+        "logp": logp.detach().view(len(mine), width - 1),
+        "rows": list(range(dp_rank, len(ids), dp)),
+        "grads": grads,
+    }

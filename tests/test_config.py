@@ -169,8 +169,11 @@ def test_refusals_new_to_the_table_are_found_before_any_rank_starts(tmp_path, mo
     config = json.loads((gemma / "config.json").read_text())
     (gemma / "config.json").write_text(json.dumps({**config, "model_type": "gemma"}))
     megatron = ["trainer.backend=megatron", f"model.path={gemma}"]
-    with pytest.raises(ConfigError, match="the megatron backend maps qwen2, llama models, not gemma"):
+    with pytest.raises(ConfigError, match="the megatron backend maps qwen2, llama, qwen3, qwen3_moe models, not gemma"):
         check_run(load_experiment(path, megatron), 2, str(path))
+    dense_ep = ["trainer.backend=megatron", "trainer.megatron.expert_parallel=2"]
+    with pytest.raises(ConfigError, match="expert_parallel=2 needs a mixture-of-experts model"):
+        check_run(load_experiment(path, dense_ep), 2, str(path))
     check_run(load_experiment(path, ["trainer.backend=megatron"]), 2, str(path))  # the tiny qwen2 maps
 
 

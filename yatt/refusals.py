@@ -372,7 +372,8 @@ def _megatron_model(cfg: Any, world_size: int) -> str | None:
         return None
     from yatt.trainers.megatron_config import model_refusal  # light: the section and this check only
 
-    return model_refusal(_model_config(cfg.model.path), *cfg.trainer.model_parallel)
+    own = cfg.trainer.backend_config  # trainer.megatron
+    return model_refusal(_model_config(cfg.model.path), *cfg.trainer.model_parallel, own.expert_parallel)
 
 
 REFUSALS: list[Refusal] = [
@@ -433,7 +434,8 @@ REFUSALS: list[Refusal] = [
     Refusal("reward.teacher with a context shorter than prompt + response + 1",
             "the teacher scores the whole sample and samples one token", _teacher_context, launch=True),
     Refusal("trainer.backend=megatron + a model type, activation or split it does not map",
-            "the megatron backend maps qwen2 and llama dense folders (config.json)", _megatron_model, launch=True),
+            "the megatron backend maps qwen2, llama, qwen3 and qwen3_moe folders (config.json)", _megatron_model,
+            launch=True),
 ]  # fmt: skip
 
 

@@ -49,6 +49,12 @@ schedules:
    last table (the same tensor object, held here so its identity cannot be reused) keeps its cos and sin;
    the arithmetic applied to the queries and keys is megatron's, so results are bit-identical.
 
+7. The MoE all-to-all token dispatcher's device-to-host copies -> plain CPU values. It builds a CUDA stream
+   (`torch.cuda.Stream()`, which raises without CUDA) and copies its split sizes to the host on it, as numpy
+   arrays, with events to wait on. On CPU the values already are on the host: the class gets a placeholder
+   stream, and `_maybe_dtoh_and_synchronize` turns the split sizes into numpy arrays as the GPU path does
+   (what `all_to_all` takes), with nothing to wait for.
+
 `apply()` is idempotent and does nothing when CUDA is available (megatron then runs unpatched); so is
 `on_cpu()`, which is then a null context.
 """
@@ -176,7 +182,21 @@ def apply() -> None:
 
     schedules.backward_step = backward_off_cpu
     rope_utils._apply_rotary_pos_emb_bshd = _rotary_once(rope_utils._apply_rotary_pos_emb_bshd)  # patch 6
+    from megatron.core.transformer.moe import token_dispatcher  # patch 7
+
+    token_dispatcher.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = "cpu"  # set: the constructor builds none
+    token_dispatcher.MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize = _host_splits
     _APPLIED = True
+
+
+def _host_splits(self: Any, point: str, tokens_per_expert: Any = None) -> Any:
+    """Patch 7: the dispatcher's split sizes as numpy arrays at its device-to-host point; nothing to wait for."""
+    if not self.drop_and_pad and point == self.cuda_dtoh_point:
+        for name in ("input_splits", "output_splits", "output_splits_tp"):
+            value = getattr(self, name, None)
+            if torch.is_tensor(value):
+                setattr(self, name, value.numpy())
+    return tokens_per_expert
 
 
 def _rotary_once(bshd: Any) -> Any:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 class MegatronConfig(BaseModel):
     """How the model is split. Data parallel = ranks / (tensor_parallel x pipeline_parallel); the ranks of one
-    tensor/pipeline group train on the same samples."""
+    tensor/pipeline group train on the same samples. A mixture-of-experts policy's experts are split apart, over
+    `expert_parallel` ranks (yatt.trainers.megatron_moe)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -35,6 +36,20 @@ class MegatronConfig(BaseModel):
         description="Split the decoder layers into this many consecutive "
         "stages, one per rank; divides the number of layers.",
     )
+    expert_parallel: int = Field(
+        1,
+        gt=0,
+        description="A mixture-of-experts policy: split each MoE layer's experts over this many ranks, tokens "
+        "sent to their experts' rank and back (all-to-all); divides the experts per layer and ranks / "
+        "pipeline_parallel (tensor x data parallel: the expert ranks may be the tensor-parallel ones).",
+    )
+    router_aux_loss_coef: float | None = Field(
+        None,
+        ge=0.0,
+        description="A mixture-of-experts policy: the weight of the router's load-balancing loss, meant as "
+        "trainer.torch's (Switch Transformer's, a balanced router giving top-k, averaged over the MoE layers); "
+        "null: the model config's router_aux_loss_coef (0 without one). A dense policy ignores it.",
+    )
     host_collectives: bool = Field(
         True,
         description="On CPU, tensor-parallel all-reduces among ranks of one host go through shared memory "
@@ -47,16 +62,19 @@ class MegatronConfig(BaseModel):
         return self.tensor_parallel, self.pipeline_parallel
 
 
-SUPPORTED = ("qwen2", "llama")  # the model types yatt.trainers.megatron_model maps
+# the model types yatt.trainers.megatron_model maps (qwen3: q/k norm; qwen3_moe: with megatron_experts' MoE)
+SUPPORTED = ("qwen2", "llama", "qwen3", "qwen3_moe")
 
 
-def model_refusal(config: dict, tp: int, pp: int) -> str | None:
+def model_refusal(config: dict, tp: int, pp: int, ep: int = 1) -> str | None:
     """Why the megatron backend cannot train a model (its config.json as a dict, a VL model's text_config), or
     None: read before any rank starts (yatt.refusals) and again when the model is built (megatron_model)."""
     hf = config.get("text_config") or config if "vision_config" in config else config
     kind = hf.get("model_type")
     if kind not in SUPPORTED:
         return f"the megatron backend maps {', '.join(SUPPORTED)} models, not {kind}"
+    if why := _moe_refusal(hf, ep):
+        return why
     if hf.get("use_sliding_window") or hf.get("mlp_bias"):
         return "sliding-window attention and MLP biases are not mapped to megatron-core"
     if (act := hf.get("hidden_act", "silu")) != "silu":
@@ -76,6 +94,21 @@ def model_refusal(config: dict, tp: int, pp: int) -> str | None:
     return None
 
 
+def _moe_refusal(hf: dict, ep: int) -> str | None:
+    """What of a mixture-of-experts config the mapping does not cover (yatt.trainers.megatron_moe)."""
+    # transformers 5 writes num_local_experts (num_experts is its attribute alias)
+    experts = hf.get("num_local_experts") or hf.get("num_experts") if hf.get("model_type") == "qwen3_moe" else None
+    if not experts:
+        return f"trainer.megatron.expert_parallel={ep} needs a mixture-of-experts model" if ep > 1 else None
+    if experts % ep:
+        return f"num_experts={experts} does not split over trainer.megatron.expert_parallel={ep}"
+    if hf.get("mlp_only_layers") or hf.get("decoder_sparse_step", 1) != 1:
+        return "dense MLP layers among the MoE ones (mlp_only_layers, decoder_sparse_step) are not mapped"
+    if hf.get("num_experts_per_tok", 1) == 1 and hf.get("norm_topk_prob", True):
+        return "top-1 routing with norm_topk_prob is not mapped (megatron's router refuses it)"
+    return None
+
+
 def preflight(trainer: TrainerConfig, world_size: int) -> None:
     """What megatron needs of the launch (ValueError naming the fields)."""
     tp, pp = trainer.model_parallel
@@ -83,6 +116,12 @@ def preflight(trainer: TrainerConfig, world_size: int) -> None:
         raise ValueError(
             f"trainer.megatron.tensor_parallel x pipeline_parallel = {tp * pp} must divide "
             f"the {world_size} ranks launched (data parallel = ranks / that)"
+        )
+    ep = trainer.backend_config.expert_parallel
+    if (world_size // pp) % ep:
+        raise ValueError(
+            f"trainer.megatron.expert_parallel={ep} must divide the {world_size // pp} ranks of a pipeline "
+            f"stage (tensor x data parallel = ranks / pipeline_parallel)"
         )
     if importlib.util.find_spec("megatron") is None:
         raise ValueError("trainer.backend=megatron needs megatron-core: pip install 'yatt[megatron]'")
@@ -95,5 +134,6 @@ MEGATRON = Backend(
     preflight=preflight,
     lora="its layers are megatron-core's tensor-parallel linears, which peft does not adapt, and its weights "
     "reach engines and checkpoints as gathered shards, which know no adapters yet",
-    routing_replay="it maps dense qwen2 and llama folders only; MoE on megatron is not built yet",
+    routing_replay="its MoE layers are megatron-core's, which yatt's routing patch (transformers' routers) does "
+    "not reach yet",
 )

@@ -1,7 +1,9 @@
-"""A megatron-core `GPTModel` from a Hugging Face Qwen2 / Llama config, and the weight mapping both ways.
+"""A megatron-core `GPTModel` from a Hugging Face Qwen2 / Llama / Qwen3 / Qwen3-MoE config, and the weight
+mapping both ways.
 
-megatron-bridge (NVIDIA's HF <-> megatron converter) does not install on this project's Python, and the
-mapping of these two dense architectures is small, so it is written out here:
+megatron-bridge (NVIDIA's HF <-> megatron converter) does not run here (its releases for Python 3.11 pin
+transformers < 5 and import Transformer Engine), and the mapping of these architectures is small, so it is
+written out here:
 
 - q/k/v are one fused `linear_qkv` whose rows are laid out per key-value group: for each group its query
   heads, then its key head, then its value head (`_fuse_qkv`). Tensor parallelism splits the groups, so a
@@ -15,6 +17,11 @@ mapping of these two dense architectures is small, so it is written out here:
   copy as the output weight of the last stage (its gradients are summed by `finalize_model_grads`).
 - Pipeline parallelism numbers layers per stage from 0: stage s holds global layers
   [s * L / PP, (s + 1) * L / PP).
+- Qwen3's norm of each head's queries and keys (`q_norm` / `k_norm`, RMSNorm over the head dim, before rotary
+  embeddings) is megatron's `qk_layernorm` (`q_layernorm` / `k_layernorm`), replicated over TP (megatron sums
+  its gradient over TP ranks, each of which holds some heads); Qwen3's head_dim is its own field (kv_channels).
+- A Qwen3-MoE layer's router and experts: `yatt.trainers.megatron_experts` (names, expert parallelism) and
+  `yatt.trainers.megatron_moe` (megatron's MoE layer set up to route as Qwen3-MoE does).
 - A value model (head="value", PPO's critic) has no output layer: the last stage holds `value_head`, a
   [1, H] linear with bias replacing it, HF's token-classification `score`. Without sequence parallelism the
   hidden states reaching it are whole on every TP rank, so the head is replicated (not split) over TP.
@@ -31,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from yatt.trainers import megatron_experts as mx
 from yatt.trainers.megatron_config import model_refusal
 
 # per-layer names: HF suffix -> megatron suffix (the fused ones are handled apart)
@@ -52,6 +60,9 @@ _TP_DIM = {
     "self_attention.linear_proj.weight": 1,
     "mlp.linear_fc1.weight": 0,
     "mlp.linear_fc2.weight": 1,
+    "self_attention.q_layernorm.weight": None,
+    "self_attention.k_layernorm.weight": None,
+    mx.ROUTER: None,
     "value_head.weight": None,
     "value_head.bias": None,
 }
@@ -74,9 +85,14 @@ def qkv_bias(hf: Any) -> bool:
     return hf.model_type == "qwen2" or bool(getattr(hf, "attention_bias", False))
 
 
-def check_supported(hf: Any, tp: int, pp: int) -> None:
+def qk_norm(hf: Any) -> bool:
+    """Qwen3 (dense and MoE) normalises each head's queries and keys."""
+    return hf.model_type in ("qwen3", "qwen3_moe")
+
+
+def check_supported(hf: Any, tp: int, pp: int, ep: int = 1) -> None:
     """The rules of yatt.trainers.megatron_config.model_refusal (checked before the ranks start too)."""
-    if why := model_refusal(hf.to_dict(), tp, pp):
+    if why := model_refusal(hf.to_dict(), tp, pp, ep):
         raise ValueError(why)
     rope_theta(hf)
 
@@ -85,11 +101,14 @@ def padded_vocab(vocab_size: int, tp: int) -> int:
     return -(-vocab_size // tp) * tp
 
 
-def transformer_config(hf: Any, tp: int, pp: int, dtype: torch.dtype):
-    """megatron's TransformerConfig for an HF Qwen2/Llama config; CUDA-only fusions off, no dropout."""
+def transformer_config(hf: Any, tp: int, pp: int, dtype: torch.dtype, ep: int = 1, aux_loss_coef: float | None = None):
+    """megatron's TransformerConfig for an HF config; CUDA-only fusions off, no dropout. `ep` and
+    `aux_loss_coef` (None: the model config's) apply to a Qwen3-MoE."""
     from megatron.core.transformer import TransformerConfig
 
-    check_supported(hf, tp, pp)
+    from yatt.trainers.megatron_moe import moe_config
+
+    check_supported(hf, tp, pp, ep)
     return TransformerConfig(
         num_layers=hf.num_hidden_layers,
         hidden_size=hf.hidden_size,
@@ -103,6 +122,7 @@ def transformer_config(hf: Any, tp: int, pp: int, dtype: torch.dtype):
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=qkv_bias(hf),
+        qk_layernorm=qk_norm(hf),
         hidden_dropout=0.0,
         attention_dropout=0.0,
         attention_softmax_in_fp32=True,
@@ -121,26 +141,42 @@ def transformer_config(hf: Any, tp: int, pp: int, dtype: torch.dtype):
         use_cpu_initialization=True,
         perform_initialization=False,  # weights come from the HF folder
         variable_seq_lengths=True,  # micro-batches have different lengths: pipeline p2p sends shapes first
-        moe_token_dispatcher_type="alltoall",  # no MoE here; the default (allgather) refuses variable lengths
+        moe_token_dispatcher_type="alltoall",  # the default (allgather) refuses variable lengths
         calculate_per_token_loss=False,
+        **moe_config(hf, ep, aux_loss_coef),
     )
 
 
-def build_gpt(hf: Any, tp: int, pp: int, pp_rank: int, dtype: torch.dtype, head: str = "lm"):
+def build_gpt(
+    hf: Any,
+    tp: int,
+    pp: int,
+    pp_rank: int,
+    dtype: torch.dtype,
+    head: str = "lm",
+    ep: int = 1,
+    aux_loss_coef: float | None = None,
+):
     """This pipeline stage's GPTModel (parallel state must be initialised), weights uninitialised. head="value":
-    the last stage's output layer is replaced by `value_head` (nothing shares the embedding then)."""
+    the last stage's output layer is replaced by `value_head` (nothing shares the embedding then). A Qwen3-MoE's
+    MoE layers are `yatt.trainers.megatron_moe.SlicedMoELayer`s (their load recorder: `megatron_moe.attach`)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from yatt.trainers.megatron_attention import packed_layer_spec
+    from yatt.trainers.megatron_moe import moe_spec
 
     if head not in HEADS:
         raise ValueError(f"unknown trainer head {head!r}; one of: {', '.join(HEADS)}")
 
+    moe = mx.is_moe(hf)
+    spec = get_gpt_layer_local_spec(
+        num_experts=hf.num_experts if moe else None, qk_layernorm=qk_norm(hf), normalization="RMSNorm"
+    )
     gpt = GPTModel(
-        config=transformer_config(hf, tp, pp, dtype),
+        config=transformer_config(hf, tp, pp, dtype, ep, aux_loss_coef),
         # megatron's local layers; core attention also takes packed rows (yatt.trainers.megatron_attention)
-        transformer_layer_spec=packed_layer_spec(get_gpt_layer_local_spec(normalization="RMSNorm")),
+        transformer_layer_spec=packed_layer_spec(moe_spec(spec) if moe else spec),
         vocab_size=padded_vocab(hf.vocab_size, tp),
         max_sequence_length=hf.max_position_embeddings,
         pre_process=pp_rank == 0,
@@ -166,7 +202,9 @@ def mark_tensor_parallel(gpt) -> None:
     from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
     for name, p in gpt.named_parameters():
-        dim = tp_dim(name)
+        # an expert is one EP rank's own, never a TP duplicate: counted wherever it is (megatron asks the dense
+        # TP rank, so an expert held by TP rank 1 would be left out of the norm)
+        dim = 0 if mx.is_expert(name) else tp_dim(name)
         if dim is not None and not getattr(p, "tensor_model_parallel", False):
             set_tensor_model_parallel_attributes(p, True, dim, 1)
 
@@ -196,9 +234,20 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return t if t.shape[0] == rows else torch.cat([t, t.new_zeros(rows - t.shape[0], *t.shape[1:])])
 
 
-def hf_layer_to_mcore(hf_layer: dict[str, Tensor], hf: Any) -> dict[str, Tensor]:
-    """One decoder layer, HF suffixes (`self_attn.q_proj.weight`, ...) -> megatron suffixes, full tensors."""
-    out = {mc: hf_layer[h] for h, mc in _LAYER_PLAIN.items()}
+def _plain(hf: Any) -> dict[str, str]:
+    """The layer's one-to-one names, HF -> megatron: a dense MLP's down projection, Qwen3's q/k norms."""
+    names = dict(_LAYER_PLAIN)
+    if mx.is_moe(hf):
+        del names["mlp.down_proj.weight"]
+    if qk_norm(hf):
+        names.update({f"self_attn.{x}_norm.weight": f"self_attention.{x}_layernorm.weight" for x in "qk"})
+    return names
+
+
+def hf_layer_to_mcore(hf_layer: dict[str, Tensor], hf: Any, ep: int = 1, ep_rank: int = 0) -> dict[str, Tensor]:
+    """One decoder layer, HF suffixes (`self_attn.q_proj.weight`, ...) -> megatron suffixes, full tensors (of a
+    MoE layer the router and EP rank `ep_rank`'s experts)."""
+    out = {mc: hf_layer[h] for h, mc in _plain(hf).items()}
     a = "self_attn."
     out["self_attention.linear_qkv.weight"] = _fuse_qkv(
         hf_layer[a + "q_proj.weight"], hf_layer[a + "k_proj.weight"], hf_layer[a + "v_proj.weight"], hf
@@ -207,16 +256,21 @@ def hf_layer_to_mcore(hf_layer: dict[str, Tensor], hf: Any) -> dict[str, Tensor]
         out["self_attention.linear_qkv.bias"] = _fuse_qkv(
             hf_layer[a + "q_proj.bias"], hf_layer[a + "k_proj.bias"], hf_layer[a + "v_proj.bias"], hf
         )
+    if mx.is_moe(hf):
+        return out | mx.hf_moe_to_mcore(hf_layer, hf, ep, ep_rank)
     out["mlp.linear_fc1.weight"] = torch.cat([hf_layer["mlp.gate_proj.weight"], hf_layer["mlp.up_proj.weight"]])
     return out
 
 
 def mcore_layer_to_hf(mc_layer: dict[str, Tensor], hf: Any) -> dict[str, Tensor]:
-    out = {h: mc_layer[mc] for h, mc in _LAYER_PLAIN.items()}
+    """The inverse of hf_layer_to_mcore; a MoE layer's experts all of them, numbered globally."""
+    out = {h: mc_layer[mc] for h, mc in _plain(hf).items()}
     a = "self_attn."
     for kind in ("weight", "bias") if qkv_bias(hf) else ("weight",):
         q, k, v = _split_qkv(mc_layer[f"self_attention.linear_qkv.{kind}"], hf)
         out.update({f"{a}q_proj.{kind}": q, f"{a}k_proj.{kind}": k, f"{a}v_proj.{kind}": v})
+    if mx.is_moe(hf):
+        return out | mx.mcore_moe_to_hf(mc_layer, hf)
     gate, up = mc_layer["mlp.linear_fc1.weight"].chunk(2)
     out.update({"mlp.gate_proj.weight": gate, "mlp.up_proj.weight": up})
     return out
@@ -256,6 +310,8 @@ def mcore_extras_to_hf(mc: dict[str, Tensor], hf: Any) -> dict[str, Tensor]:
 
 def tp_dim(name: str) -> int | None:
     """The dim `name` (a megatron name, with or without its layer prefix) is split on over TP ranks."""
+    if mx.is_expert(name):  # experts are shared out by expert parallelism, never split over TP
+        return None
     for suffix, dim in _TP_DIM.items():
         if name.endswith(suffix):
             return dim
@@ -309,9 +365,11 @@ def local_state_from_hf(
     pp_rank: int,
     tied_output: bool,
     head: str = "lm",
+    ep: int = 1,
+    ep_rank: int = 0,
 ) -> dict[str, Tensor]:
-    """This (TP rank, PP stage)'s megatron state dict from full HF weights. `tied_output`: the stage holds the
-    tied output weight (`output_layer.weight` on the last stage when the first is another one)."""
+    """This (TP rank, PP stage, EP rank)'s megatron state dict from full HF weights. `tied_output`: the stage
+    holds the tied output weight (`output_layer.weight` on the last stage when the first is another one)."""
     out: dict[str, Tensor] = {}
     first, last = pp_rank == 0, pp_rank == pp - 1
     extras = hf_extras_to_mcore(hf_state, hf, tp, head)
@@ -328,7 +386,7 @@ def local_state_from_hf(
             "output_layer.weight", extras["embedding.word_embeddings.weight"], tp_rank, tp
         )
     for local, layer in enumerate(stage_layers(hf, pp, pp_rank)):
-        for suffix, full in hf_layer_to_mcore(hf_layer_tensors(hf_state, layer), hf).items():
+        for suffix, full in hf_layer_to_mcore(hf_layer_tensors(hf_state, layer), hf, ep, ep_rank).items():
             name = f"decoder.layers.{local}.{suffix}"
             out[name] = shard(name, full, tp_rank, tp)
     return out

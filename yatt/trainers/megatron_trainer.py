@@ -26,6 +26,10 @@ A vision-language folder: the GPTModel of its text config, with the folder's vis
 submodule `vision` on the first stage, replicated over TP (yatt.trainers.megatron_vision); its weights go out
 under the folder's names.
 
+A mixture-of-experts policy (Qwen3-MoE): megatron's MoE layers, experts shared out over
+`trainer.megatron.expert_parallel` ranks, the router's load-balancing loss, and the experts' load per step in the
+stats (`moe/...`): yatt.trainers.megatron_moe.
+
 bfloat16: the model's weights and gradients are bfloat16, and megatron's optimizer keeps float32 master
 weights and Adam state (sharded over DP), as megatron always does for half-precision training.
 """
@@ -58,17 +62,27 @@ from yatt.trainers.scoring import image_slots
 from yatt.trainers.torch_trainer import freeze_vision_tower, lr_factor
 
 
-def init_model_parallel(tp: int, pp: int) -> None:
-    """megatron's process groups over the torchrun world (once per process; policy and reference share them)."""
+def init_model_parallel(tp: int, pp: int, ep: int = 1) -> None:
+    """megatron's process groups over the torchrun world (once per process; policy and reference share them).
+    Experts (ep > 1) are never split over TP: expert tensor parallel 1, EP ranks taken from TP x DP."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     if ps.model_parallel_is_initialized():
-        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
-        if have != (tp, pp):
-            raise ValueError(f"megatron is already split as TP={have[0]} PP={have[1]}, not TP={tp} PP={pp}")
+        have = (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+            ps.get_expert_model_parallel_world_size(),
+        )
+        if have != (tp, pp, ep):
+            raise ValueError(f"megatron is already split as TP, PP, EP = {have}, not {(tp, pp, ep)}")
         return
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=1,
+    )
     model_parallel_cuda_manual_seed(1234)  # dropout streams (dropout is off; megatron still forks them)
 
 
@@ -104,6 +118,7 @@ class MegatronTrainer:
 
         self.cfg, self.world, self.trainable, self.total_steps = cfg, world, trainable, total_steps
         self.tp, self.pp = cfg.model_parallel  # trainer.megatron (yatt.trainers.megatron_config)
+        self.ep = cfg.backend_config.expert_parallel
         # a value model's config says one label, as the torch backend's (save_hf writes a value model)
         self._hf_config = AutoConfig.from_pretrained(str(model_path), **({"num_labels": 1} if head == "value" else {}))
         # a VL folder: the GPTModel is its language model, the tower its submodule (yatt.trainers.megatron_vision)
@@ -118,28 +133,38 @@ class MegatronTrainer:
         self.optimizer = None
         self.optimizer_steps = 0
         with compat.on_cpu():
-            init_model_parallel(self.tp, self.pp)
+            init_model_parallel(self.tp, self.pp, self.ep)
             if cfg.backend_config.host_collectives and self.tp > 1:
                 compat.use_host_collectives(ps.get_tensor_model_parallel_group())
                 if self.pp == 1:  # the same ranks (grad norms, the same-batch check)
                     compat.use_host_collectives(ps.get_model_parallel_group())
             self.tp_rank, self.pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
             self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+            self.ep_rank = ps.get_expert_model_parallel_rank()
             # the controller shards data by yatt.distributed.data_parallel_world, which assumes this order
             if self.dp_rank != (world.rank // self.tp) % self.dp_size:
                 raise RuntimeError(
                     f"megatron placed rank {world.rank} at data-parallel rank {self.dp_rank}, not "
                     f"{(world.rank // self.tp) % self.dp_size} as yatt's data view assumes"
                 )
-            self.gpt = mm.build_gpt(self._text, self.tp, self.pp, self.pp_rank, self.dtype, head)
+            self.gpt = mm.build_gpt(
+                self._text, self.tp, self.pp, self.pp_rank, self.dtype, head, self.ep,
+                cfg.backend_config.router_aux_loss_coef,
+            )  # fmt: skip
+            from yatt.trainers import megatron_moe as moe  # imports megatron-core
+
+            # a MoE policy's experts' load, per step (yatt.trainers.megatron_moe)
+            first_layer = mm.stage_layers(self._text, self.pp, self.pp_rank).start
+            self.expert_load = moe.attach(self.gpt, self._text, first_layer)
             last = self.pp_rank == self.pp - 1
             tied_output = self._text.tie_word_embeddings and self.pp > 1 and last and head == "lm"
             hf_state, tower = read_hf_weights(Path(model_path)), {}
             if self.vision:
                 hf_state, tower = mv.split_state(hf_state, self._hf_config)
             state = mm.local_state_from_hf(
-                hf_state, self._text, self.tp, self.tp_rank, self.pp, self.pp_rank, tied_output, head
-            )
+                hf_state, self._text, self.tp, self.tp_rank, self.pp, self.pp_rank, tied_output, head, self.ep,
+                self.ep_rank,
+            )  # fmt: skip
             if self.vision and self.gpt.pre_process:
                 self.gpt.vision = mv.build_tower(self._hf_config, self.dtype)
                 state.update(tower)
@@ -211,7 +236,10 @@ class MegatronTrainer:
             self.scorer,
         )
         # without these the data-parallel gradient all-reduce never runs (finalize) or runs every micro-batch
-        config.finalize_model_grads_func = finalize_model_grads
+        from yatt.trainers.megatron_moe import finalize
+
+        # a MoE layer's router sees a TP slice of the tokens: its gradient is summed over TP (megatron_moe)
+        config.finalize_model_grads_func = finalize(finalize_model_grads) if self.expert_load else finalize_model_grads
         config.no_sync_func = self.model.no_sync
         self.optimizer = get_megatron_optimizer(
             OptimizerConfig(
@@ -271,6 +299,8 @@ class MegatronTrainer:
 
         def forward(i, model):
             rows = micro[i] if i < len(micro) else None
+            if self.expert_load is not None:  # a zero-loss pass routes no load and adds no load-balancing loss
+                self.expert_load.real = rows is not None
             mb = (batch.select(rows) if rows is not None else dummy).to(self.world.device)
             inputs = model_inputs(mb, self.packed, self.share_prompts)
             kw = inputs.kwargs
@@ -411,6 +441,8 @@ class MegatronTrainer:
             grad_norm = self._clip_and_step()
         self.optimizer_steps += 1
         lr = self._set_lr(self.optimizer_steps)
+        if self.expert_load is not None:  # a collective over every rank
+            sums.update(self.expert_load.stats(self.world, self._text.num_experts_per_tok))
         return {**sums, "grad_norm": grad_norm, "lr": lr, "skipped": float(not math.isfinite(grad_norm))}
 
     @torch.no_grad()
@@ -453,7 +485,7 @@ class MegatronTrainer:
         """Collective over the model-parallel group: every rank gets the whole policy, one bucket at a time; a
         frozen vision tower (model.freeze_vision) never changes, so engines are not sent it."""
         buckets = gathered_buckets(
-            self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes, self.world.device
+            self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, bucket_bytes, self.world.device, self.ep
         )
         if not self.frozen_vision:
             return buckets
@@ -471,10 +503,11 @@ class MegatronTrainer:
         training may go on while a checkpoint's writer writes it."""
         from megatron.core import parallel_state as ps
 
-        if ps.get_data_parallel_rank() != 0:
+        if ps.get_data_parallel_rank() != 0 and self.ep == 1:  # EP groups span data-parallel ranks: all gather
             return None
         weights: dict[str, Tensor] = {}
-        for unit in hf_units(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, self.world.device):
+        units = hf_units(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, self.world.device, self.ep)
+        for unit in units:
             if self.world.is_main:
                 weights.update({k: torch.empty(v.shape, dtype=v.dtype).copy_(v) for k, v in unit.items()})
         return weights if self.world.is_main else None
@@ -500,6 +533,9 @@ class MegatronTrainer:
         return None
 
     # ---- checkpoint state --------------------------------------------------------------------------------
+    def _parallel(self) -> dict[str, int]:
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp_size, "ep": self.ep}
+
     def _optimizers(self) -> list:
         return getattr(self.optimizer, "chained_optimizers", [self.optimizer]) if self.optimizer else []
 
@@ -509,7 +545,7 @@ class MegatronTrainer:
         state: dict[str, Any] = {
             "model": {k: p.detach() for k, p in self.gpt.named_parameters()},
             "optimizer_steps": self.optimizer_steps,
-            "parallel": {"tp": self.tp, "pp": self.pp, "dp": self.dp_size},
+            "parallel": self._parallel(),
         }
         if self.trainable:
             state["optimizer"] = [
@@ -523,8 +559,8 @@ class MegatronTrainer:
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        want = {"tp": self.tp, "pp": self.pp, "dp": self.dp_size}
-        if state["parallel"] != want:
+        want = self._parallel()
+        if {"ep": 1, **state["parallel"]} != want:
             raise ValueError(f"checkpoint shard was saved as {state['parallel']}, this run is split as {want}")
         params = dict(self.gpt.named_parameters())
         if set(params) != set(state["model"]):
