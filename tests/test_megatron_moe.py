@@ -116,7 +116,8 @@ def test_round_trip_is_bit_exact_over_tp_and_ep(qwen3_moe):
         assert torch.equal(back[name], t), name
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+# TP=1 slow: TP=2 maps the same q/k norms and head size, sliced (CI keeps one real Qwen3 exactness run)
+@pytest.mark.parametrize("tp", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_qwen3_logprobs_and_grads_equal_hf(qwen3, tmp_path, tp):
     check_against_hf(qwen3, tmp_path, tp, 1, tp)
 
