@@ -171,13 +171,16 @@ def _engine_too_short(cfg: Any) -> str | None:
     return None
 
 
+def _lacks(entry: Any, capability: str) -> str | None:
+    """Why a registered backend lacks `capability` (yatt.backends declares it True, or gives the reason instead),
+    or None when it has it."""
+    declared = getattr(entry, capability, False)
+    return None if declared is True else (declared or f"it does not declare {capability} = True (yatt.backends)")
+
+
 def _lora_trainer(cfg: Any) -> str | None:
     lora = cfg.model.lora
-    if not lora.enabled:
-        return None
-    trainer = getattr(cfg.trainer.backend_entry, "lora", False)
-    if trainer is not True:
-        why = trainer or "it does not declare lora = True (yatt.backends)"
+    if lora.enabled and (why := _lacks(cfg.trainer.backend_entry, "lora")):
         return (
             f"model.lora.rank={lora.rank}: trainer.backend={cfg.trainer.backend} does not train LoRA adapters "
             f"yet: {why}; use trainer.backend=torch or model.lora.rank=0"
@@ -223,11 +226,7 @@ def _agent_resume(cfg: Any) -> str | None:
 
 def _routing_trainer(cfg: Any) -> str | None:
     replay = cfg.algorithm.routing_replay
-    if replay == "off":
-        return None
-    trainer = getattr(cfg.trainer.backend_entry, "routing_replay", False)
-    if trainer is not True:
-        why = trainer or "it does not declare routing_replay = True (yatt.backends)"
+    if replay != "off" and (why := _lacks(cfg.trainer.backend_entry, "routing_replay")):
         return (
             f"algorithm.routing_replay={replay}: trainer.backend={cfg.trainer.backend} does not replay MoE "
             f"routing: {why}; use trainer.backend=torch or routing_replay=off"
@@ -237,11 +236,7 @@ def _routing_trainer(cfg: Any) -> str | None:
 
 def _routing_engine(cfg: Any) -> str | None:
     engine = cfg.rollout.engine
-    if cfg.algorithm.routing_replay != "r3":
-        return None
-    returns = getattr(engine.backend_entry, "routing_replay", False)
-    if returns is not True:
-        why = returns or "it does not declare routing_replay = True (yatt.backends)"
+    if cfg.algorithm.routing_replay == "r3" and (why := _lacks(engine.backend_entry, "routing_replay")):
         return (
             f"algorithm.routing_replay=r3: rollout.engine.backend={engine.backend} does not return routed "
             f"experts: {why}; use rollout.engine.backend=hf or routing_replay=r2"
