@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from proc_memory import vm_kib  # noqa: F401  (re-exported: the trainer benchmarks read /proc through harness)
 
@@ -127,3 +128,36 @@ def pyplot():
         print("matplotlib not installed: no plot")
         return None
     return plt
+
+
+def smollm2_shaped(folder: Path, tokenizer: Any = None) -> Path:
+    """A random-weight Llama with SmolLM2-135M's shape (a stand-in where the converted model is not at hand,
+    docs/smollm2.md), with `tokenizer`'s special ids and files if given; kept if `folder` already holds one."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    ids = (
+        (1, 2, None) if tokenizer is None else (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    )
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49_152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_theta=100_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=ids[0],
+        eos_token_id=ids[1],
+        pad_token_id=ids[2],
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return folder

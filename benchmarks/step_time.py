@@ -44,7 +44,18 @@ import threading
 import time
 from pathlib import Path
 
-from harness import add_worker_args, pyplot, rank_result, run_worker, shown, slug, table, vm_kib, write_results
+from harness import (
+    add_worker_args,
+    pyplot,
+    rank_result,
+    run_worker,
+    shown,
+    slug,
+    smollm2_shaped,
+    table,
+    vm_kib,
+    write_results,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 FULL_HEAD = {"torch": {"logprob_chunk_tokens": 0}}  # trainer.torch: the torch backend's own section
@@ -178,31 +189,6 @@ def run_quickstart(
 
 
 # ---- the 100M trainer workload: this file is also the worker, under torchrun --------------------
-
-
-def smollm2_shaped(folder: Path) -> Path:
-    """A random-weight Llama with SmolLM2-135M's shape (what the 100m workload trains when no --model)."""
-    if (folder / "config.json").exists():
-        return folder
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=49_152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=2048,
-        rope_theta=100_000.0,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
 
 
 def trainer_worker(args: argparse.Namespace) -> None:

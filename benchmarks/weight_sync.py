@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 import torch  # noqa: E402
+from harness import smollm2_shaped  # noqa: E402 (this folder is on sys.path: `python benchmarks/X.py`)
 from safetensors.torch import load_file  # noqa: E402
 
 from yatt.engines.client import connect_engine, spawn_engine  # noqa: E402
@@ -46,31 +47,6 @@ from yatt.models.tiny import build_char_tokenizer, write_tiny_model  # noqa: E40
 from yatt.transport.codec import new_secret  # noqa: E402
 
 TRANSPORTS = ("zmq", "shm")
-
-
-def smollm2_shaped(folder: Path) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tokenizer = build_char_tokenizer("0123456789+-= abcdefghijklmnopqrstuvwxyz")
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def engine_cfg(backend: str) -> EngineConfig:
@@ -117,7 +93,10 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
     rows, raw = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        makers = {"quickstart": lambda p: write_tiny_model(p, seed=0), "smollm2": smollm2_shaped}
+        makers = {
+            "quickstart": lambda p: write_tiny_model(p, seed=0),
+            "smollm2": lambda p: smollm2_shaped(p, build_char_tokenizer("0123456789+-= abcdefghijklmnopqrstuvwxyz")),
+        }
         for name in args.models.split(","):
             model = makers[name](Path(tmp) / name)
             weights = load_file(str(model / "model.safetensors"))
