@@ -242,7 +242,7 @@ class EngineClient:
         Floating tensors are cast to the engine dtype on the way, so no more bytes travel than the
         engine keeps, except float64 ones (exact scalars such as a LoRA adapter's scaling: no weight is float64);
         each bucket is applied before the next is sent, bounding extra memory. Call `finish_sync` after the
-        last bucket of a sync: it frees the transport's buffers (the next sync makes them again).
+        last bucket of a sync (shm keeps its one segment, at most a bucket, until `close`: yatt.transport.weights.shm).
         """
         engine = DTYPES[self.cfg.dtype]
         cast = lambda t: engine if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
@@ -256,7 +256,7 @@ class EngineClient:
             self._call("update_weights", **transport.pack(part, cast))
 
     def finish_sync(self) -> None:
-        """The sync is over: the weight transport frees what only a sync needs (shm: its segment)."""
+        """The sync is over: the weight transport frees what only a sync needs (shm: nothing, its segment is reused)."""
         if self._weights is not None:
             self._weights.finish()
 
