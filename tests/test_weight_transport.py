@@ -133,6 +133,9 @@ def test_a_segment_and_its_mapping_are_kept_between_syncs_until_the_sender_close
         assert own_segments() == [other]
         sync(second, 5.0)
         assert list(MAPPINGS.kept) == [other]  # the closed sender's mapping went at the next update
+        second.begin([[("w", torch.empty(10, device="meta"))], [("w", torch.empty(50_000, device="meta"))]])
+        sized = own_segments()  # sized for the sync's largest bucket before its first: never replaced mid-sync
+        assert sized != [other] and sync(second, 6.0) == sync(second, 7.0, n=50_000) == sized[0]
     finally:
         first.close()
         second.close()

@@ -250,8 +250,10 @@ class EngineClient:
         # bucketed by the bytes each tensor has in the engine's dtype (meta tensors: sizes without copies)
         sized = [(name, torch.empty(t.shape, dtype=cast(t), device="meta")) for name, t in named_tensors]
         transport = self.weight_transport()
+        buckets = list(weight_buckets(sized, self.cfg.weight_bucket_mb * (1 << 20)))
+        transport.begin(buckets)
         start = 0
-        for bucket in weight_buckets(sized, self.cfg.weight_bucket_mb * (1 << 20)):
+        for bucket in buckets:
             part, start = named_tensors[start : start + len(bucket)], start + len(bucket)
             self._call("update_weights", **transport.pack(part, cast))
 

@@ -152,6 +152,18 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def _layout(bucket: NamedTensors, cast: Cast) -> tuple[list[tuple[str, torch.Tensor, torch.dtype, int]], int]:
+    """Each tensor's (name, tensor, dtype it travels in, offset), and the bytes the bucket needs."""
+    layout, size = [], 0
+    for name, t in bucket:
+        dtype = cast(t)
+        if dtype not in WIRE_DTYPE_NAMES:
+            raise TypeError(f"{name}: unsupported tensor dtype {dtype}")
+        layout.append((name, t, dtype, size))
+        size = _aligned(size + t.numel() * dtype.itemsize)
+    return layout, size
+
+
 class ShmWeights:
     """The sending side (one per engine client) and, as `unpack`, the receiving side of the ``shm`` transport."""
 
@@ -164,25 +176,27 @@ class ShmWeights:
         self.segment: Segment | None = None
         atexit.register(self.close)
 
+    def begin(self, buckets: list[NamedTensors]) -> None:
+        """Make the segment as large as the sync's largest bucket now, so that a later, larger bucket does not
+        replace it mid-sync (a fresh segment is the cost this transport avoids)."""
+        self._room(max((_layout(b, lambda t: t.dtype)[1] for b in buckets), default=0))
+
     def pack(self, bucket: NamedTensors, cast: Cast) -> dict[str, Any]:
-        layout, size = [], 0
-        for name, t in bucket:
-            dtype = cast(t)
-            if dtype not in WIRE_DTYPE_NAMES:
-                raise TypeError(f"{name}: unsupported tensor dtype {dtype}")
-            layout.append((name, t, dtype, size))
-            size = _aligned(size + t.numel() * dtype.itemsize)
-        if self.segment is None or self.segment.size < size:
-            self._release()
-            self.generation += 1
-            name = f"{PREFIX}{host_tag()}-{os.getpid()}-{self.tag}-{self.generation}"
-            self.segment = Segment(name, max(size, ALIGN))
+        layout, size = _layout(bucket, cast)
+        self._room(size)
         buf = self.segment.bytes
         for _, t, dtype, offset in layout:
             if t.numel():  # cast and copy in one pass, from whatever device the trainer holds it on
                 buf[offset : offset + t.numel() * dtype.itemsize].view(dtype).view(t.shape).copy_(t.detach())
         tensors = [[name, WIRE_DTYPE_NAMES[dtype], list(t.shape), offset] for name, t, dtype, offset in layout]
         return {"transport": self.name, "descriptor": {"name": self.segment.name, "size": size, "tensors": tensors}}
+
+    def _room(self, size: int) -> None:
+        if self.segment is None or self.segment.size < size:
+            self._release()
+            self.generation += 1
+            name = f"{PREFIX}{host_tag()}-{os.getpid()}-{self.tag}-{self.generation}"
+            self.segment = Segment(name, max(size, ALIGN))
 
     def finish(self) -> None:
         """The sync is over; the segment stays for the next one (see the module docstring)."""
