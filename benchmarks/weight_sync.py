@@ -91,6 +91,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/weight_sync")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    load_before = os.getloadavg()[0]  # the box may be shared: the load says how much the times are inflated
     rows, raw = [], {}
     with tempfile.TemporaryDirectory() as tmp:
         makers = {
@@ -130,6 +131,7 @@ def main() -> int:
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "bucket_mb": engine_cfg("hf").weight_bucket_mb,
+        "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # at start, at end
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps({**meta, "results": raw}, indent=2) + "\n")
@@ -138,7 +140,9 @@ def main() -> int:
         "",
         f"{meta['date']}, commit {meta['commit']}: `{command}` (JSON: [weight_sync.json](weight_sync.json)).",
         "One engine child process per row pair, two clients of it; a sync = the whole float32 policy in "
-        f"{meta['bucket_mb']} MB buckets + finish_sync; median of {args.repeats} alternating syncs.",
+        f"{meta['bucket_mb']} MB buckets + finish_sync; median of {args.repeats} alternating syncs. Load average "
+        f"(1 min) {meta['load_average_1m'][0]} at the start, {meta['load_average_1m'][1]} at the end, on "
+        f"{meta['cores']} cores.",
         "",
         "| model | params | engine | transport | sync s (median) | vs zmq | MB through the socket |",
         "|---|---|---|---|---|---|---|",

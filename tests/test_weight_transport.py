@@ -1,8 +1,9 @@
 """Weight sync through shared memory (`yatt.transport.weights.shm`) against the socket (`zmq`), on real engines.
 
 hf engine child processes (and in-process services where a fault must not end the test process): shm gives the
-engine exactly the weights and log-probs zmq gives; a bad update is refused whole before any copy; segments
-are gone after a sync, after a close, after an engine is killed under a sync and after the trainer is killed;
+engine exactly the weights and log-probs zmq gives; a bad update is refused whole before any copy; a client's
+segment is kept between syncs (the engine's mapping of it too) and is gone after a close, after an engine is
+killed under a sync and after the trainer is killed;
 a rank heals an engine killed under an shm sync; a vLLM engine takes shm updates as it takes zmq ones.
 """
 
@@ -34,7 +35,7 @@ from yatt.transport.codec import new_secret
 from yatt.transport.rpc import RemoteError, RpcServer
 from yatt.transport.weights.choose import endpoint_host, is_local_host, preferred
 from yatt.transport.weights.frames import FrameWeights
-from yatt.transport.weights.shm import ShmWeights, check_descriptor, segments, sweep
+from yatt.transport.weights.shm import MAPPINGS, ShmWeights, check_descriptor, segments, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [[4, 5, 6, 13, 7, 8, 9, 16], [4, 5], [9, 8, 7, 6, 5, 4, 3]]
@@ -108,6 +109,40 @@ def test_a_descriptor_is_checked_whole_before_anything_is_mapped():
     assert own_segments() == []
 
 
+def test_a_segment_and_its_mapping_are_kept_between_syncs_until_the_sender_closes():
+    """The sender reuses its segment while buckets fit, and the engine its mapping (no page faults again); a
+    larger bucket replaces the segment, and a closed sender's mapping is dropped at the engine's next update."""
+    first, second = ShmWeights(), ShmWeights()
+    try:
+
+        def sync(sender: ShmWeights, value: float, n: int = 1000) -> str:
+            payload = sender.pack([("w", torch.full((n,), value))], lambda t: t.dtype)
+            with ShmWeights.unpack({"descriptor": payload["descriptor"]}) as pairs:
+                assert torch.equal(pairs[0][1], torch.full((n,), value))  # this sync's bytes, not a stale page
+            sender.finish()
+            return payload["descriptor"]["name"]
+
+        name = sync(first, 1.0)
+        mapping = MAPPINGS.kept[name]
+        assert sync(first, 2.0) == name and MAPPINGS.kept[name] is mapping and own_segments() == [name]
+        grown = sync(first, 3.0, n=100_000)  # a larger bucket: a larger segment, the old one removed
+        assert grown != name and own_segments() == [grown] and name not in MAPPINGS.kept
+        other = sync(second, 4.0)
+        assert set(MAPPINGS.kept) == {grown, other}
+        first.close()
+        assert own_segments() == [other]
+        sync(second, 5.0)
+        assert list(MAPPINGS.kept) == [other]  # the closed sender's mapping went at the next update
+        second.begin([[("w", torch.empty(10, device="meta"))], [("w", torch.empty(50_000, device="meta"))]])
+        sized = own_segments()  # sized for the sync's largest bucket before its first: never replaced mid-sync
+        assert sized != [other] and sync(second, 6.0) == sync(second, 7.0, n=50_000) == sized[0]
+    finally:
+        first.close()
+        second.close()
+        MAPPINGS.close()
+    assert own_segments() == []
+
+
 def test_a_dead_process_segment_is_swept_by_the_next_sender():
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     pid = int(dead.stdout)
@@ -133,6 +168,7 @@ def sync_and_sample(folders, hf, tmp_path, transport: str):
         assert client.weight_transport().name == transport
         during = own_segments()
         client.finish_sync()
+        assert own_segments() == during  # kept for the next sync
         greedy = client.generate(PROMPTS, GREEDY)
         sampled = client.generate(PROMPTS, SAMPLED, seeds=[0, 2, 4])
         return greedy, sampled, client.health()["weight_updates"], during, client._rpc.sent_bytes
@@ -150,10 +186,10 @@ def test_shm_gives_the_engine_the_weights_and_logprobs_zmq_gives(folders, hf, tm
         torch.testing.assert_close(
             torch.tensor(c.logprobs), hf_logprobs(hf["B"], prompt, c.token_ids), atol=1e-4, rtol=0
         )
-    assert zmq[3] == [] and len(shm[3]) == 1  # one segment during the sync, reused by every bucket
+    assert zmq[3] == [] and len(shm[3]) == 1  # one segment, reused by every bucket
     weight_bytes = sum(p.numel() * 4 for p in hf["B"].parameters())
     assert zmq[4] > weight_bytes > 100 * shm[4]  # only descriptors went through the socket
-    assert own_segments() == []  # removed at finish_sync
+    assert own_segments() == []  # removed at close
 
 
 @pytest.fixture
@@ -196,6 +232,7 @@ def test_a_bad_shm_update_is_refused_whole_before_any_copy(in_process, hf):
         client._call("update_weights", **payload)
     assert engine.weight_updates == 0 and exits == [5, 5]
     client.finish_sync()
+    client.close()
     assert own_segments() == []
 
 
@@ -278,7 +315,8 @@ def test_a_rank_heals_an_engine_killed_under_an_shm_sync(tmp_path, folders):
         assert services.rollout.generate(PROMPTS, GREEDY) == expected  # restarted with the current weights
         assert services.heal() == 1
         assert type(services.rollout.weight_transport()) is ShmWeights
-        assert own_segments() == []
+        kept = services.rollout.weight_transport().segment  # the live client's, kept between syncs
+        assert own_segments() == ([kept.name] if kept else [])  # the dead engine's client's is gone
     finally:
         services.close()
     assert own_segments() == []
@@ -308,7 +346,7 @@ def test_a_vllm_engine_takes_shm_updates_as_it_takes_zmq_ones(folders, hf, tmp_p
         a = shm.generate(PROMPTS, GREEDY)
         shm.update_weights(named(hf["B"]))
         shm.finish_sync()
-        assert own_segments() == []
+        assert own_segments() == [shm.weight_transport().segment.name]  # kept for the next sync
         by_shm = shm.generate(PROMPTS, GREEDY), shm.generate(PROMPTS, SAMPLED, seeds=[0, 2, 4])
         for prompt, (c,) in zip(PROMPTS, by_shm[0]):
             torch.testing.assert_close(

@@ -126,6 +126,14 @@ class RunConfig(Section):
         "frozen, gc.freeze), so the ranks pause together; a collection at a random point stalls the other ranks "
         "at their next collective, ~70 a step with tensor parallelism. auto: Python's own thresholds.",
     )
+    peer_timeout_s: float = Field(
+        45.0,
+        ge=5,
+        description="Across nodes: a node whose ranks sent no heartbeat for this long is lost, and every other "
+        "rank ends with one line naming it (node rank and address) within this plus a sixth of it; relaunching "
+        "every node resumes from the last checkpoint (docs/multinode.md#losing-a-node). Longer than any pause "
+        "of a live rank's Python threads; not used on one node, where torchrun's agent sees a dead rank itself.",
+    )
     export_policy: bool = Field(True, description="Write the final policy as an HF folder in the run dir.")
     tensorboard: bool | None = Field(
         None,

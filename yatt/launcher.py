@@ -15,7 +15,9 @@ Two ways in, the same ranks (each runs yatt.controllers.run.run_experiment):
   off in this process, so no ChildFailedError report follows.
 - plain `torchrun` (also across nodes). Each rank checks the config (rank 0 reports a bad one); a failing rank
   prints its one line itself, only if it found the problem, writes it to its error file (torchrun shows it as the
-  root cause) and exits with its code. torchrun then adds its own report, which only `--nproc` avoids.
+  root cause) and exits with its code. torchrun then adds its own report, which only `--nproc` avoids. Across
+  nodes, a rank whose peer node is lost (killed, cut off) prints one line naming that node, within
+  `run.peer_timeout_s` and a heartbeat, whatever it was waiting on (yatt.peers).
 
 Exit codes: 0 done (or preempted after a checkpoint); 2 bad input (config, files, data rows and images, the
 checkpoint to resume, the run directory, the run secret); 1 anything else. Under --nproc that is one line too, and
@@ -124,20 +126,31 @@ def run_rank(args: argparse.Namespace) -> int:
     from yatt.checkpoint import CheckpointError  # heavy imports only once the config is good
     from yatt.controllers.run import run_experiment
     from yatt.distributed import close_world, init_world
+    from yatt.peers import watch_peers
     from yatt.transport.secret import RunSecretError
 
     # reported before the process group closes: the agent stops every rank as soon as one exits
+    watch = None
     try:
-        run_experiment(cfg, init_world(), args.resume, args.overwrite)
+        world = init_world()
+        # across nodes: a lost node is one line naming it, within run.peer_timeout_s (yatt.peers)
+        watch = watch_peers(
+            world, cfg.run.peer_timeout_s, lambda line: report(f"error (rank {rank}): {line}", False, 1)
+        )
+        run_experiment(cfg, world, args.resume, args.overwrite)
     except (DataError, CheckpointError, RunSecretError) as err:
         # quiet: another rank found the problem and reports it
         return report(f"error (rank {rank}): {one_line(err)}", quiet=getattr(err, "quiet", False), code=2)
     except Exception as err:  # a bug, or a peer that died: under the agent one line, the traceback in a file
+        if watch is not None:  # a peer node that died: the watch reports it and ends this process
+            watch.wait_verdict(since=time.monotonic())
         if not os.environ.get(AGENT_ENV):
             raise
         where = save_traceback(cfg.run.run_dir / "logs" / f"rank{rank}.traceback")
         return report(f"error (rank {rank}): {type(err).__name__}: {one_line(err)} ({where})", quiet=False, code=1)
     finally:
+        if watch is not None:
+            watch.stop()
         close_world()
     return 0
 

@@ -13,10 +13,33 @@ YATT_TEST_KILL, e.g. "generate@1,judge@2,train@2,sync@3,eval@2" (phase@step, eac
 - eval: just before the held-out evaluation that follows step N.
 
 Each kill is logged to YATT_TEST_KILL_LOG, so the test can check that every one happened.
+
+YATT_TEST_HOLD="rank@step:path" (tests/test_multinode_e2e.py) stops that rank at the start of that step: it
+creates `path` and sleeps until it is killed, so the test kills a node at a known point, mid-run, while the other
+node goes on into the step and waits on it.
 """
 
 import os
 import signal
+
+_HOLD = os.environ.get("YATT_TEST_HOLD", "")
+
+if _HOLD and os.environ.get("RANK") == _HOLD.split("@")[0]:
+    import time
+
+    from yatt.controllers.shard import ControllerShard
+
+    _hold_step, _hold_path = _HOLD.split("@", 1)[1].split(":", 1)
+    _step = ControllerShard.step
+
+    def held_step(self, n):
+        if n == int(_hold_step):
+            open(_hold_path, "w").close()
+            while True:
+                time.sleep(60)
+        return _step(self, n)
+
+    ControllerShard.step = held_step
 
 _SPEC = os.environ.get("YATT_TEST_KILL", "")
 

@@ -242,7 +242,7 @@ class EngineClient:
         Floating tensors are cast to the engine dtype on the way, so no more bytes travel than the
         engine keeps, except float64 ones (exact scalars such as a LoRA adapter's scaling: no weight is float64);
         each bucket is applied before the next is sent, bounding extra memory. Call `finish_sync` after the
-        last bucket of a sync: it frees the transport's buffers (the next sync makes them again).
+        last bucket of a sync (shm keeps its one segment, at most a bucket, until `close`: yatt.transport.weights.shm).
         """
         engine = DTYPES[self.cfg.dtype]
         cast = lambda t: engine if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
@@ -250,13 +250,15 @@ class EngineClient:
         # bucketed by the bytes each tensor has in the engine's dtype (meta tensors: sizes without copies)
         sized = [(name, torch.empty(t.shape, dtype=cast(t), device="meta")) for name, t in named_tensors]
         transport = self.weight_transport()
+        buckets = list(weight_buckets(sized, self.cfg.weight_bucket_mb * (1 << 20)))
+        transport.begin(buckets)
         start = 0
-        for bucket in weight_buckets(sized, self.cfg.weight_bucket_mb * (1 << 20)):
+        for bucket in buckets:
             part, start = named_tensors[start : start + len(bucket)], start + len(bucket)
             self._call("update_weights", **transport.pack(part, cast))
 
     def finish_sync(self) -> None:
-        """The sync is over: the weight transport frees what only a sync needs (shm: its segment)."""
+        """The sync is over: the weight transport frees what only a sync needs (shm: nothing, its segment is reused)."""
         if self._weights is not None:
             self._weights.finish()
 

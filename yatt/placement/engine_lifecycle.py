@@ -164,7 +164,7 @@ class EngineServices:
                         )
                         failed.add(role)
         finally:
-            for role in self.rollout_roles:  # a sync's buffers (shm segments) live no longer than the sync
+            for role in self.rollout_roles:  # what only a sync needs is freed with it (shm keeps one segment)
                 self.local[role].finish_sync()
         for role in failed:
             self.local[role].close()

@@ -6,7 +6,7 @@ Read `base.py` first (the interface, and how CUDA IPC and an NCCL group would pl
   every message). Works between any two hosts; costs a copy through the socket and the encryption.
 - ``shm`` (`shm.py`): the client writes each bucket into a POSIX shared-memory segment (a file under /dev/shm,
   owner-only) and the RPC message carries only a descriptor (segment name, per tensor name/dtype/shape/offset);
-  the engine maps the segment and copies from it. One host only.
+  the engine maps the segment and copies from it; both keep the segment mapped between syncs. One host only.
 
 `WEIGHT_TRANSPORTS` names them (`rollout.engine.weight_transport`, where ``auto`` picks ``shm`` for an engine
 whose address is on this host and ``zmq`` otherwise: `choose.py`). A transport is one file plus one line here.

@@ -2,11 +2,13 @@
 
 A transport is a class with two sides:
 
-- the sending side, one instance per engine client (`yatt.engines.client.EngineClient`): `pack(bucket, cast)`
-  turns one bucket of Hugging Face-named tensors into the keyword arguments of one ``update_weights`` RPC
-  (``{"transport": name, ...}``), each tensor cast to ``cast(tensor)``; what it returns, and the buffers it
-  points to, stay valid until the next `pack`, `finish` or `close`. `finish()` ends a sync (all buckets sent):
-  it frees what only a sync needs. `close()` frees everything; it must be safe to call twice.
+- the sending side, one instance per engine client (`yatt.engines.client.EngineClient`): `begin(buckets)` opens
+  a sync, given its buckets as meta tensors in the dtypes they travel in (``shm`` sizes its segment for the
+  largest); `pack(bucket, cast)` turns one bucket of Hugging Face-named tensors into the keyword arguments of one
+  ``update_weights`` RPC (``{"transport": name, ...}``), each tensor cast to ``cast(tensor)``; what it returns,
+  and the buffers it points to, stay valid until the next `pack`, `finish` or `close`. `finish()` ends a sync
+  (all buckets sent): it frees what only a sync needs (``shm`` keeps its segment for the next sync). `close()`
+  frees everything; it must be safe to call twice.
 - the receiving side, `unpack(payload)`, a static context manager the engine service
   (`yatt.engines.server.EngineService.update_weights`) enters with the RPC's keyword arguments: it checks the
   payload whole (names, dtypes, shapes, and that every tensor lies inside what was sent) before yielding
@@ -55,6 +57,8 @@ Cast = Callable[[torch.Tensor], torch.dtype]
 
 class WeightTransport(Protocol):
     name: str
+
+    def begin(self, buckets: list[NamedTensors]) -> None: ...
 
     def pack(self, bucket: NamedTensors, cast: Cast) -> dict[str, Any]: ...
 

@@ -20,6 +20,9 @@ from yatt.transport.weights.base import Cast
 class FrameWeights:
     name = "zmq"
 
+    def begin(self, buckets: list[NamedTensors]) -> None:
+        pass
+
     def pack(self, bucket: NamedTensors, cast: Cast) -> dict[str, Any]:
         return {"named_tensors": [(n, t.detach().to("cpu", dtype=cast(t)).contiguous()) for n, t in bucket]}
 

@@ -2,11 +2,19 @@
 
 Sending (`ShmWeights.pack`): the bucket's tensors are cast straight into an owner-only file under /dev/shm
 (one copy, from the trainer's tensors, on any device), at 64-byte aligned offsets, and the RPC carries
-``{"name", "size", "tensors": [[name, dtype, shape, offset], ...]}``. The segment is reused by every bucket of
-a sync (grown when a bucket needs more) and removed by `finish` at the end of the sync, so that between syncs
-it holds no memory. Receiving (`ShmWeights.unpack`): the engine checks the descriptor whole (name pattern,
-dtypes, shapes, every tensor inside the segment) before it maps the file, then yields views of the mapping
-that the engine copies its parameters from: the tensor bytes never pass through a socket.
+``{"name", "size", "tensors": [[name, dtype, shape, offset], ...]}``. Receiving (`ShmWeights.unpack`): the
+engine checks the descriptor whole (name pattern, dtypes, shapes, every tensor inside the segment) before it
+maps the file, then yields views of the mapping that the engine copies its parameters from: the tensor bytes
+never pass through a socket.
+
+Lifetime: one segment per engine client, kept between syncs and reused by every bucket of every sync while it
+is large enough (a larger bucket replaces it with a larger one), removed when the client closes (and at exit).
+Why kept: a fresh segment costs the kernel zeroing all its pages at each sync, and the engine a page fault per
+4 KiB page of a new mapping (measured on SmolLM2-sized buckets: most of a sync's time, benchmarks/results/
+weight_sync.md); kept, both sides find their mappings populated and a bucket costs two memory copies. The price
+is one bucket (``weight_bucket_mb``, at most) of /dev/shm held per engine client between syncs. The engine keeps
+its mapping of the last few segments too (`Mappings`), dropping one as soon as an update finds its file removed
+or replaced, so a closed client's memory is freed at the engine's next update or exit.
 
 Why a file under /dev/shm rather than `multiprocessing.shared_memory`: its pages are reserved with
 ``posix_fallocate``, so a full /dev/shm (Docker's default is 64 MB) is an OSError at creation (``auto`` then
@@ -15,9 +23,9 @@ through a symlink; and nothing registers it with multiprocessing's resource trac
 behind our back or warn of "leaks" at exit.
 
 No leak after a crash: segment names carry this host's tag and the creating pid
-(``yatt-w-<host>-<pid>-<client>-<generation>``). A client unlinks its segment at `finish` and `close` (and at
-exit); an engine whose parent died unlinks that parent's segments (`yatt.engines.server.watch_parent`); and
-every new sender first sweeps this user's segments on this host whose creating process is gone (`sweep`).
+(``yatt-w-<host>-<pid>-<client>-<generation>``). A client unlinks its segment at `close` (and at exit); an engine
+whose parent died unlinks that parent's segments (`yatt.engines.server.watch_parent`); and every new sender
+first sweeps this user's segments on this host whose creating process is gone (`sweep`).
 
 Trust: the descriptor is authenticated like every RPC message; the bytes are not, but only the run's user can
 read or write an 0600 file, and that user can already do anything to the run.
@@ -32,8 +40,10 @@ import mmap
 import os
 import re
 import socket
+import threading
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,6 +62,7 @@ PREFIX = "yatt-w-"
 NAME = re.compile(r"^yatt-w-([0-9a-f]{8})-(\d{1,10})-([0-9a-f]{12})-(\d{1,10})$")
 ALIGN = 64  # every tensor starts on a cache line (and on its element size, which views need)
 MAX_TENSORS = 1 << 16
+KEPT_MAPPINGS = 4  # segments an engine keeps mapped: one per client that syncs it, in practice one or two
 
 
 def host_tag() -> str:
@@ -141,6 +152,18 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def _layout(bucket: NamedTensors, cast: Cast) -> tuple[list[tuple[str, torch.Tensor, torch.dtype, int]], int]:
+    """Each tensor's (name, tensor, dtype it travels in, offset), and the bytes the bucket needs."""
+    layout, size = [], 0
+    for name, t in bucket:
+        dtype = cast(t)
+        if dtype not in WIRE_DTYPE_NAMES:
+            raise TypeError(f"{name}: unsupported tensor dtype {dtype}")
+        layout.append((name, t, dtype, size))
+        size = _aligned(size + t.numel() * dtype.itemsize)
+    return layout, size
+
+
 class ShmWeights:
     """The sending side (one per engine client) and, as `unpack`, the receiving side of the ``shm`` transport."""
 
@@ -153,19 +176,14 @@ class ShmWeights:
         self.segment: Segment | None = None
         atexit.register(self.close)
 
+    def begin(self, buckets: list[NamedTensors]) -> None:
+        """Make the segment as large as the sync's largest bucket now, so that a later, larger bucket does not
+        replace it mid-sync (a fresh segment is the cost this transport avoids)."""
+        self._room(max((_layout(b, lambda t: t.dtype)[1] for b in buckets), default=0))
+
     def pack(self, bucket: NamedTensors, cast: Cast) -> dict[str, Any]:
-        layout, size = [], 0
-        for name, t in bucket:
-            dtype = cast(t)
-            if dtype not in WIRE_DTYPE_NAMES:
-                raise TypeError(f"{name}: unsupported tensor dtype {dtype}")
-            layout.append((name, t, dtype, size))
-            size = _aligned(size + t.numel() * dtype.itemsize)
-        if self.segment is None or self.segment.size < size:
-            self.finish()
-            self.generation += 1
-            name = f"{PREFIX}{host_tag()}-{os.getpid()}-{self.tag}-{self.generation}"
-            self.segment = Segment(name, max(size, ALIGN))
+        layout, size = _layout(bucket, cast)
+        self._room(size)
         buf = self.segment.bytes
         for _, t, dtype, offset in layout:
             if t.numel():  # cast and copy in one pass, from whatever device the trainer holds it on
@@ -173,42 +191,104 @@ class ShmWeights:
         tensors = [[name, WIRE_DTYPE_NAMES[dtype], list(t.shape), offset] for name, t, dtype, offset in layout]
         return {"transport": self.name, "descriptor": {"name": self.segment.name, "size": size, "tensors": tensors}}
 
+    def _room(self, size: int) -> None:
+        if self.segment is None or self.segment.size < size:
+            self._release()
+            self.generation += 1
+            name = f"{PREFIX}{host_tag()}-{os.getpid()}-{self.tag}-{self.generation}"
+            self.segment = Segment(name, max(size, ALIGN))
+
     def finish(self) -> None:
+        """The sync is over; the segment stays for the next one (see the module docstring)."""
+
+    def close(self) -> None:
+        self._release()
+        atexit.unregister(self.close)
+
+    def _release(self) -> None:
         if self.segment is not None:
             self.segment.release()
             self.segment = None
-
-    def close(self) -> None:
-        self.finish()
-        atexit.unregister(self.close)
 
     @staticmethod
     @contextmanager
     def unpack(payload: dict[str, Any]) -> Iterator[NamedTensors]:
         name, size, entries = check_descriptor(payload)
-        fd = os.open(SHM_DIR / name, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            length = os.fstat(fd).st_size
-            if length < max(size, 1):
-                raise ValueError(f"shared-memory segment {name} has {length} bytes, the update describes {size}")
-            # a private mapping: torch gets a writable buffer without a warning, and nothing can write back
-            mm = mmap.mmap(fd, length, access=mmap.ACCESS_COPY)
-        finally:
-            os.close(fd)
-        whole = torch.frombuffer(mm, dtype=torch.uint8)
-        pairs: NamedTensors = [
-            (n, whole[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape))
-            for n, dtype, shape, offset in entries
-        ]
-        try:
-            yield pairs
-        finally:
-            pairs.clear()  # the caller's name for the list goes on existing; the views must not
-            del whole
+        with MAPPINGS.mapped(name, size) as whole:
+            pairs: NamedTensors = [
+                (n, whole[offset : offset + math.prod(shape) * dtype.itemsize].view(dtype).view(shape))
+                for n, dtype, shape, offset in entries
+            ]
             try:
-                mm.close()
-            except BufferError:  # a failed update's traceback may still hold a view; it is unmapped with it
-                log.warning("a view of segment %s outlived the update; it is unmapped when collected", name)
+                yield pairs
+            finally:
+                pairs.clear()  # the caller's name for the list goes on existing; the views must not
+
+
+class Mapped:
+    """The engine's mapping of one segment, identified by its file (device, inode) so that a removed or replaced
+    file is never read through an old mapping."""
+
+    def __init__(self, fd: int) -> None:
+        st = os.fstat(fd)
+        self.file, self.length = (st.st_dev, st.st_ino), st.st_size
+        # shared, not a private copy: a private page the engine wrote to (copy-on-write) would no longer show the
+        # sender's next bucket. What the engine might write is harmless: the sender rewrites every byte it
+        # describes at every bucket.
+        self.mm = mmap.mmap(fd, self.length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.bytes: torch.Tensor | None = torch.frombuffer(self.mm, dtype=torch.uint8)
+
+    def current(self, name: str) -> bool:
+        """Whether `name` is still the file this maps."""
+        try:
+            st = os.stat(SHM_DIR / name, follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.file and st.st_size == self.length
+
+    def close(self) -> None:
+        self.bytes = None
+        try:
+            self.mm.close()
+        except BufferError:  # a failed update's traceback may still hold a view; it is unmapped with it
+            log.warning("a view of a weight segment outlived its update; it is unmapped when collected")
+
+
+class Mappings:
+    """The segments an engine has mapped, kept between updates (a kept mapping needs no page faults): at most
+    `KEPT_MAPPINGS`, and each dropped as soon as an update finds its file removed or replaced."""
+
+    def __init__(self) -> None:
+        self.kept: OrderedDict[str, Mapped] = OrderedDict()
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def mapped(self, name: str, size: int) -> Iterator[torch.Tensor]:
+        with self.lock:  # one update at a time may read a mapping; none is replaced under it
+            for other in [n for n, m in self.kept.items() if not m.current(n)]:
+                self.kept.pop(other).close()
+            m = self.kept.pop(name, None)
+            if m is None:
+                fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_NOFOLLOW)
+                try:
+                    m = Mapped(fd)
+                finally:
+                    os.close(fd)
+            if m.length < max(size, 1):
+                m.close()
+                raise ValueError(f"shared-memory segment {name} has {m.length} bytes, the update describes {size}")
+            self.kept[name] = m  # the most recently used last
+            while len(self.kept) > KEPT_MAPPINGS:
+                self.kept.popitem(last=False)[1].close()
+            yield m.bytes
+
+    def close(self) -> None:
+        with self.lock:
+            while self.kept:
+                self.kept.popitem()[1].close()
+
+
+MAPPINGS = Mappings()  # the receiving side's, one per engine process
 
 
 def check_descriptor(payload: dict[str, Any]) -> tuple[str, int, list[tuple[str, torch.dtype, list[int], int]]]:
