@@ -87,7 +87,9 @@ def old_logprobs(
         on_policy[first_epoch[0]] = 1.0
     rest = (on_policy == 0).nonzero().flatten()
     old_lp, entropy = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
-    if len(rest):
+    # a sharded trainer's forward is a collective (FSDP2's gathers, megatron's micro-batch count over data-parallel
+    # ranks): a rank whose rows are all on-policy still takes part, with none, or the others wait forever
+    if len(rest) or not trainer.replicated:
         sub = batch.select(rest)
         r2 = cfg.routing_replay == "r2"  # the update replays the experts of this pass
         lp, ent = trainer.logprobs(sub, with_entropy=True, **({"record_routing": True} if r2 else {}))
