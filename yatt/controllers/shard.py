@@ -88,12 +88,10 @@ class ControllerShard(ShardState):
         train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
         dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
-        self.sampling, self.greedy = sampling_specs(
-            cfg.rollout, self.tokenizer.eos_token_id, routed_experts=cfg.algorithm.routing_replay == "r3"
-        )
+        routed = cfg.algorithm.routing_replay == "r3"  # r3: the engines return the experts of every token
+        self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id, routed)
         # rollout.agent: each sample a conversation of this loop (yatt.controllers.conversations); None: single_turn
-        codec = TokenizerCodec(self.tokenizer)
-        self.agent = build_loop(cfg.rollout.agent, codec) if cfg.rollout.multi_turn else None
+        self.agent = build_loop(cfg.rollout.agent, TokenizerCodec(self.tokenizer)) if cfg.rollout.multi_turn else None
         self.samples_trained = self.last_step = 0
         # rollout.schedule: when batches are made (this thread, or a producer thread ahead of the trainer), and on
         # which devices (yatt.controllers.schedule)
@@ -106,16 +104,13 @@ class ControllerShard(ShardState):
         timer = StageTimer(STAGES)
         batch = self.rollouts.take(step, timer)
         sampling_metrics = reduce_metrics(self.world, batch.counts) if batch.counts else {}
-        rollouts = batch.rollouts
-        metrics, balance_metrics = self.consume(rollouts, step, timer)
-        metrics.update(
-            self.rollouts.placement_metrics(self.world, step, batch, timer, self.judges, self.teacher is not None)
-        )
-        metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, rollouts)))
+        metrics, balance_metrics = self.consume(batch.rollouts, step, timer)
+        metrics.update(self.rollouts.placement_metrics(self.world, step, batch, timer, self.judges, bool(self.teacher)))
+        metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, batch.rollouts)))
         if self.agent is not None:  # from the rollouts as generated (balancing moves no agent counts)
-            metrics.update(agent_metrics(summed(self.world, agent_sums(rollouts)), "agent"))
+            metrics.update(agent_metrics(summed(self.world, agent_sums(batch.rollouts)), "agent"))
         self.last_step = step
-        return StepResult({**metrics, **sampling_metrics, **balance_metrics}, rollouts, self.samples_trained)
+        return StepResult({**metrics, **sampling_metrics, **balance_metrics}, batch.rollouts, self.samples_trained)
 
     def produce(self, step: int, timer: StageTimer) -> tuple[list[Rollout], GenerationStats, dict[str, float]]:
         """generate -> reward (-> dynamic sampling): this step's scored groups, its generation rounds' stats
@@ -184,12 +179,11 @@ class ControllerShard(ShardState):
             seeds = [sample_seed(cfg.run.seed, step, row.index, round_) for row in rows]
             images = load_batch_images(rows, self.image_inputs, prompt_ids)  # this rank's rows, this step only
             prompts = dict(rows=rows, prompt_ids=prompt_ids, images=images, tokenizer=self.tokenizer)
-            where = (self.engines, self.engine_placement, self.rollouts.split(step), self.devices.rank, self.judges)
+            split = self.rollouts.split(step)
+            where = (self.engines, self.engine_placement, split, self.devices.rank, self.judges, self.teacher)
             tags = dict(step=step, round_=round_, run_seed=cfg.run.seed, first_group=share.start)  # judge seeds
             sampling, agent = self.sampling, self.agent
-            rollouts, stats = generate_placed(
-                *where, teacher=self.teacher, seeds=seeds, sampling=sampling, agent=agent, **tags, **prompts
-            )
+            rollouts, stats = generate_placed(*where, seeds=seeds, sampling=sampling, agent=agent, **tags, **prompts)
             if self.algorithm.estimator.needs_greedy_baseline:  # ReMax
                 with self.engine_placement.own("rollout"):
                     pool = self.engines.pool(ROLLOUT, [self.devices.rank])
