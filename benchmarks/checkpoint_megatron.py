@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, random_qwen2, train_step) -> int:
             REPO / "configs/quickstart.yaml",
             [*base, f"run.output_dir={work}", root, f"checkpoint.export_hf={mode != MODES[0]}"],
         )
-        fingerprint = config_fingerprint(cfg, world.size)
+        fingerprint = config_fingerprint(cfg)
         checkpoints[mode] = Checkpointer(cfg.checkpoint, cfg.run.run_dir, fingerprint, world)
     from yatt.trainers.megatron_trainer import MegatronTrainer
 

@@ -48,7 +48,7 @@ def test_values_feed_gae_and_both_models_train(ppo, monkeypatch):
 
 def test_the_critic_is_in_checkpoints(ppo):
     shard, _ = ppo
-    assert shard.replicated == ("trainer", "critic")
+    assert shard.replicated == ("trainer", "critic", "train_stream", "ranks")
     state = shard.state_dict()
     saved = {k: v.clone() for k, v in state["critic"]["model"].items()}
     shard.step(1)

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -227,6 +228,33 @@ def _store():
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+def store_client(timeout_s: float):
+    """A connection of this process's own to torchrun's key-value store (MASTER_ADDR:MASTER_PORT), beside the
+    default group's: that client serialises every op, so a long blocking `get` on it would stall a thread that
+    must keep beating (yatt.peers)."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+def is_dtensor(t: torch.Tensor) -> bool:
+    # A DTensor exists only once its module is loaded, and loading it takes seconds: a process that never made
+    # one (every backend but FSDP2) must not pay that at its first checkpoint just to be told no.
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
+def dim0_shard(t: torch.Tensor) -> tuple[torch.Tensor, int, int, int] | None:
+    """A DTensor sharded on dim 0 over a 1-D mesh (FSDP2's parameters and moments): (this rank's rows, the whole
+    tensor's rows, this rank's place on the mesh, the mesh's size); None for any other placement. A local view:
+    no collective."""
+    from torch.distributed.tensor import Shard
+
+    mesh = t.device_mesh
+    if mesh.ndim != 1 or tuple(t.placements) != (Shard(0),):
+        return None
+    return t.to_local(), t.shape[0], mesh.get_local_rank(), mesh.size()
 
 
 def data_parallel_world(world: World, tensor_parallel: int, pipeline_parallel: int) -> World:

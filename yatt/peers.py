@@ -37,9 +37,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 
-from yatt.distributed import World
+from yatt.distributed import World, store_client
 
 BEATS_PER_TIMEOUT = 6  # a late beat or two (a loaded box, a long GIL hold) is not yet a loss
 
@@ -184,12 +183,8 @@ def watch_peers(world: World, timeout_s: float, on_lost: Callable[[str], None]) 
     right after joining the process group."""
     if int(os.environ.get("GROUP_WORLD_SIZE", "1")) < 2 or world.size < 2:
         return None
-    import torch.distributed as dist
-
     me = this_peer(world.rank)
     peers = [Peer(*p) for p in world.all_gather_object((me.rank, me.node, me.host, me.address))]
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    interval = timedelta(seconds=max(1.0, timeout_s / BEATS_PER_TIMEOUT))
-    store = dist.TCPStore(host, port, is_master=False, timeout=interval, wait_for_workers=False)
+    store = store_client(max(1.0, timeout_s / BEATS_PER_TIMEOUT))
     prefix = f"yatt/peers/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return PeerWatch(store, me, peers, timeout_s, on_lost, store_host=host, prefix=prefix).start()
+    return PeerWatch(store, me, peers, timeout_s, on_lost, store_host=os.environ["MASTER_ADDR"], prefix=prefix).start()

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from yatt.distributed import dim0_shard, is_dtensor
+
 TENSOR, ARRAY, TUPLE, ITEMS, ROWS = "__tensor__", "__ndarray__", "__tuple__", "__items__", "rows"
 
 
@@ -34,14 +36,12 @@ def chunk_rows(total: int, rank: int, world: int) -> tuple[int, int]:
 def _row_shard(t: torch.Tensor, path: str) -> tuple[torch.Tensor, int]:
     """A DTensor sharded on dim 0 over a 1-D mesh (FSDP2's parameters and moments): (this rank's rows, the whole
     tensor's rows). Saved as its rows, so a resume on another number of ranks can cut it again."""
-    from torch.distributed.tensor import Shard
-
-    mesh, placements = t.device_mesh, t.placements
-    if mesh.ndim != 1 or tuple(placements) != (Shard(0),):
-        raise TypeError(f"checkpoint state at {path!r} is a DTensor placed {placements} on a {mesh.ndim}-D mesh; "
-                        "only dim-0 shards over one mesh dimension are saved")  # fmt: skip
-    local, total = t.to_local(), t.shape[0]
-    start, end = chunk_rows(total, mesh.get_local_rank(), mesh.size())
+    shard = dim0_shard(t)
+    if shard is None:
+        raise TypeError(f"checkpoint state at {path!r} is a DTensor placed {t.placements} on a "
+                        f"{t.device_mesh.ndim}-D mesh; only dim-0 shards over one mesh dimension are saved")  # fmt: skip
+    local, total, rank, size = shard
+    start, end = chunk_rows(total, rank, size)
     if local.shape[0] != end - start:  # a layout other than torch.chunk's could not be cut again on resume
         raise TypeError(f"checkpoint state at {path!r}: this rank holds {local.shape[0]} rows of {total}, expected "
                         f"{end - start}")  # fmt: skip
@@ -70,7 +70,7 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
 
 
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor) and _is_dtensor(obj):
+    if isinstance(obj, torch.Tensor) and is_dtensor(obj):
         local, total = _row_shard(obj, path)
         tensors[path] = _host_copy(local)
         return {TENSOR: path, ROWS: total}
@@ -98,12 +98,6 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         f"checkpoint state at {path!r} has type {type(obj).__name__}, which is not saved "
         "(use tensors, numpy arrays, dicts, lists, tuples or scalars)"
     )
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
 
 
 class Tensors(Protocol):
