@@ -65,7 +65,7 @@ def test_grpo_wrong_n_raises_and_registry():
     with pytest.raises(ValueError, match="divisible"):
         grpo_advantages(T([1.0, 0.0, 1.0]), 2)
     assert ADVANTAGES.get("grpo") is GRPO and GRPO.needs_groups
-    with pytest.raises(ValueError, match="unknown algorithm.advantage.kind 'nope'; registered: distill, gae, gpg, grpo, "):
+    with pytest.raises(ValueError, match="unknown algorithm.advantage.kind 'nope'; registered: distill, gae, gpg, "):
         ADVANTAGES.get("nope")
 
 

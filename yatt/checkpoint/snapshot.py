@@ -39,7 +39,7 @@ def _row_shard(t: torch.Tensor, path: str) -> tuple[torch.Tensor, int]:
     shard = dim0_shard(t)
     if shard is None:
         raise TypeError(f"checkpoint state at {path!r} is a DTensor placed {t.placements} on a "
-                        f"{t.device_mesh.ndim}-D mesh; only dim-0 shards over one mesh dimension are saved")  # fmt: skip
+                        f"{t.device_mesh.ndim}-D mesh; only dim-0 shards over a 1-D mesh are saved")  # fmt: skip
     local, total, rank, size = shard
     start, end = chunk_rows(total, rank, size)
     if local.shape[0] != end - start:  # a layout other than torch.chunk's could not be cut again on resume
