@@ -173,6 +173,8 @@ def test_the_resumed_run_logs_every_step_with_finite_agent_metrics(tool_run):
     assert "eval/agent/useful_call_frac" in steps[-1]
 
 
+@pytest.mark.slow  # CI: loops by import path in tests/test_agents.py, plugins by import path under torchrun in
+# tests/test_backend_plugins.py, a real tool-loop run above
 def test_a_user_loop_by_import_path_in_a_real_run(policy, tmp_path_factory):
     """tests/plugins/my_agent_loop.py: the environment's nudge between the two answers is masked, by token; the
     conversations run on the producer thread of rollout.schedule.mode=one_step_off (ahead of the trainer)."""

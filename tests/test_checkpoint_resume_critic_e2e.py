@@ -35,6 +35,8 @@ def critic_state(run_dir: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in shared.items() if k.startswith("critic/")}
 
 
+@pytest.mark.slow  # ~55 s; CI: the critic's checkpoint round trip in tests/test_shard_step_critic.py, PPO runs in the
+# composition matrix, and an exact resume after kill -9 in the matrix's main combination
 def test_a_resumed_ppo_run_matches_the_uninterrupted_one(tmp_path):
     config = experiment(tmp_path, PPO)
 

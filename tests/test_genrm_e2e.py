@@ -76,6 +76,7 @@ def test_full_placement_runs_judges_after_rollout(setup):
             assert r[f"device{d}/owned_genrm_s"] > 0 and r[f"device{d}/owned_train_s"] > 0
 
 
+@pytest.mark.slow  # CI: partial placement with a judge in tests/test_composition_matrix.py (placement/* metrics)
 def test_partial_placement_splits_devices(setup):
     records = launch(*setup, "partial")
     check_common(records)

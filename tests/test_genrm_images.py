@@ -113,7 +113,7 @@ class Recording(EnginePool):
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("backend", ["hf", "vllm"])
+@pytest.mark.parametrize("backend", ["hf", pytest.param("vllm", marks=pytest.mark.slow)])  # vLLM VL: test_vl_engines
 def test_judge_requests_carry_the_images_to_a_vl_judge_only(folders, tmp_path, backend):
     """Real engines: a VL policy rolls out image prompts, a VL judge and a text judge read every sample. The VL
     judge's engine gets each sample's prompt images (and could not serve its placeholders without them), the

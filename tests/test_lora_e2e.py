@@ -96,6 +96,8 @@ def test_lora_with_vllm_adapter_syncs_survives_an_engine_killed_at_a_sync(config
     ]
 
 
+@pytest.mark.slow  # ~55 s; CI: LoRA runs in the composition matrix, exact resumes after kill -9 of its main
+# combination and of FSDP2 (tests/test_fsdp2_e2e.py)
 def test_lora_with_adapter_syncs_resumes_exactly_after_kill_9(config):
     tmp, path = config
     uninterrupted = run(tmp, "full", path, *LORA, *HF_ADAPTER)

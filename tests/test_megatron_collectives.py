@@ -60,7 +60,7 @@ def _worker(rank: int, size: int, tmp: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_host_collectives_equal_gloo_bit_for_bit(tmp_path, size):
     shm = Path("/dev/shm")
     before = set(shm.glob("yatt-collectives-*"))

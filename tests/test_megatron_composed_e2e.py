@@ -64,6 +64,8 @@ def records(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # ~80 s; CI: TP/PP runs composed in tests/test_composition_matrix.py, each parallel layout's step
+# equal to the torch backend's in tests/test_megatron_trainer.py
 def test_tp2_dp2_composed_equals_torch_dp2(runs):
     torch_records, megatron_records = records(runs["torch"]), records(runs["megatron"])
     assert [r["step"] for r in megatron_records] == [0, 1, 2, 3]

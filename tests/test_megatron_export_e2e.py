@@ -67,7 +67,7 @@ def check_exports(run_dir, initial) -> None:
     assert summary["checkpoint_stall_seconds"] > 0
 
 
-@pytest.mark.parametrize("tp", [2, 1])
+@pytest.mark.parametrize("tp", [2, pytest.param(1, marks=pytest.mark.slow)])
 def test_export_hf_under_tensor_parallelism(tmp_path, tp):
     check_exports(*export_run(tmp_path, tp, 1))
 

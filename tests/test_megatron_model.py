@@ -98,8 +98,14 @@ def test_tp_shards_split_fused_modules_per_group():
     torch.testing.assert_close(fc1, torch.cat([gate[3:], up[3:]]))
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 2)])
-@pytest.mark.parametrize("model", ["qwen2", "llama_untied"])
+# the other layouts of each model run in the slow suite (the round trip above runs all of them in CI)
+SLOW_LOGITS = [("qwen2", 1, 1), ("qwen2", 1, 2), ("llama_untied", 1, 1), ("llama_untied", 2, 1)]
+
+
+@pytest.mark.parametrize(
+    "model,tp,pp",
+    [("qwen2", 2, 1), ("llama_untied", 1, 2), *(pytest.param(*c, marks=pytest.mark.slow) for c in SLOW_LOGITS)],
+)
 def test_logits_equal_the_hf_model(request, tmp_path, model, tp, pp):
     folder = request.getfixturevalue(model)
     ids = torch.randint(3, 40, (3, 11), generator=torch.Generator().manual_seed(0))

@@ -19,8 +19,9 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(
     scope="module",
-    # hf alone: the balanced and megatron runs use the same engine (slow suite only)
-    params=["vllm", pytest.param("hf", marks=pytest.mark.slow), "hf-balanced", "hf-megatron"],
+    # CI runs vllm; images moved by balancing: tests/test_balance_exchange_images.py; the megatron VL step equal to
+    # the torch backend's: tests/test_megatron_vl.py
+    params=["vllm", *(pytest.param(p, marks=pytest.mark.slow) for p in ("hf", "hf-balanced", "hf-megatron"))],
 )
 def run(request, tmp_path_factory):
     backend, balanced = request.param.split("-")[0], request.param.endswith("balanced")
