@@ -55,6 +55,7 @@ from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.trainers import megatron_vision as mv
 from yatt.trainers.config import TrainerConfig
+from yatt.trainers.megatron_groups import check_same_batch, from_last_stage
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets, hf_units
 from yatt.trainers.packing import model_inputs, shared_prompts
@@ -347,52 +348,6 @@ class MegatronTrainer:
             )
         return outputs, sums
 
-    def _from_last_stage(self, obj: Any) -> Any:
-        """The last pipeline stage's object on every stage of this pipeline."""
-        if self.pp == 1:
-            return obj
-        from megatron.core import parallel_state as ps
-
-        box = [obj]
-        dist.broadcast_object_list(
-            box,
-            src=ps.get_pipeline_model_parallel_last_rank(),
-            group=ps.get_pipeline_model_parallel_group(),
-            device=self.world.device,
-        )
-        return box[0]
-
-    def _check_same_batch(self, batch: TokenBatch) -> None:
-        """The ranks of one model-parallel (TP x PP) group must compute on the same samples; a mismatch would
-        silently mix different sequences inside one forward. A fingerprint of the batch, compared by min and
-        max over the group, catches it."""
-        if self.tp * self.pp == 1:
-            return
-        from megatron.core import parallel_state as ps
-
-        ids = batch.input_ids.double()
-        weights = torch.arange(1, ids.numel() + 1, dtype=torch.float64).reshape(ids.shape)
-        # on the device: megatron's groups are NCCL-only on GPUs
-        fingerprint = torch.tensor(
-            [
-                float(ids.shape[0]),
-                float(ids.shape[1]),
-                float((ids * weights).sum()),
-                float(batch.mask.sum()),
-                batch.temperature,
-            ],
-            dtype=torch.float64,
-            device=self.world.device,
-        )
-        # the max of (x, -x) gives max and min in one all-reduce
-        both = torch.cat([fingerprint, -fingerprint])
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=ps.get_model_parallel_group())
-        if not torch.equal(both[: len(fingerprint)], -both[len(fingerprint) :]):
-            raise RuntimeError(
-                "the ranks of one tensor/pipeline-parallel group were handed different batches; "
-                "they must train on the same samples (one data-parallel rank's)"
-            )
-
     def _count(self, micro: list[list[int]]) -> int:
         """Micro-batches every rank runs: the most any data-parallel rank has (a model-parallel group's ranks
         hold one batch, so with one data-parallel rank there is nothing to agree on)."""
@@ -414,13 +369,13 @@ class MegatronTrainer:
 
     def _per_token(self, batch: TokenBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         """The scorer's per-token outputs (log-probs or values, and entropies) from the last stage."""
-        self._check_same_batch(batch)
+        check_same_batch(batch, self.tp * self.pp, self.world.device)
         micro = self.micro_batches(batch)
         with torch.no_grad():
             outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None)
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
-        for rows, logp, ent in self._from_last_stage(
-            [(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs]
+        for rows, logp, ent in from_last_stage(
+            self.pp, self.world.device, [(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs]
         ):
             index, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
             logps[index, width] = logp
@@ -430,12 +385,12 @@ class MegatronTrainer:
 
     def train_mini_batch(self, batch: TokenBatch, loss_fn: LossFn, with_entropy: bool = False) -> dict[str, float]:
         assert self.trainable, "a frozen model cannot be trained"
-        self._check_same_batch(batch)
+        check_same_batch(batch, self.tp * self.pp, self.world.device)
         micro = self.micro_batches(batch)
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         outputs, sums = self._schedule(batch, micro, self._count(micro), with_entropy, loss_fn)
-        sums = self._from_last_stage(sums)
+        sums = from_last_stage(self.pp, self.world.device, sums)
         self._replay(batch, outputs, loss_fn)
         with compat.on_cpu():
             grad_norm = self._clip_and_step()
@@ -457,7 +412,9 @@ class MegatronTrainer:
             return
         from megatron.core import parallel_state as ps
 
-        outputs = self._from_last_stage([(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs])
+        outputs = from_last_stage(
+            self.pp, self.world.device, [(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs]
+        )
         if ps.is_pipeline_last_stage():
             return
         for rows, logp, ent in outputs:
