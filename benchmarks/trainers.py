@@ -311,7 +311,8 @@ def main() -> int:
     if args.steps < 1:
         parser.error("--steps: at least one timed step")
     hidden = ("worker", "model", "trainer", "result")  # the worker's flags
-    results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in hidden} | {"out": shown(args.out)}}
+    settings = {k: v for k, v in vars(args).items() if k not in hidden} | {"out": shown(args.out)}
+    results: dict = {"settings": settings | {"folder": args.folder and shown(args.folder)}}
     with tempfile.TemporaryDirectory(prefix="yatt-trainers-") as tmp:
         work = Path(tmp)
         if args.folder is not None:
@@ -332,7 +333,8 @@ def main() -> int:
     agreement(rows)
     results["variants"] = rows
     md = [
-        f"# Trainer backends: {results['params'] / 1e6:.1f}M-parameter Qwen2, 2 CPU ranks (gloo), "
+        f"# Trainer backends: {results['params'] / 1e6:.1f}M-parameter "
+        f"{shown(args.folder) if args.folder else 'Qwen2'}, 2 CPU ranks (gloo), "
         f"{args.samples} samples per step, {args.dtype}\n",
         table(
             rows,
