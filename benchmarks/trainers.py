@@ -311,8 +311,8 @@ def main() -> int:
     if args.steps < 1:
         parser.error("--steps: at least one timed step")
     hidden = ("worker", "model", "trainer", "result")  # the worker's flags
-    settings = {k: v for k, v in vars(args).items() if k not in hidden} | {"out": shown(args.out)}
-    results: dict = {"settings": settings | {"folder": args.folder and shown(args.folder)}}
+    paths = {"out": shown(args.out), "folder": args.folder and shown(args.folder)}  # no machine paths in results
+    results: dict = {"settings": {k: v for k, v in vars(args).items() if k not in hidden} | paths}
     with tempfile.TemporaryDirectory(prefix="yatt-trainers-") as tmp:
         work = Path(tmp)
         if args.folder is not None:
