@@ -1,6 +1,6 @@
 """Agent loops in real runs (2 ranks under torchrun, hf engines, a tiny policy): tool_loop with the calculator,
-checked by token on the rollouts the run logged (samples.jsonl); the run killed with kill -9 and resumed; and a
-user's loop registered by import path.
+checked by token on the rollouts the run logged (samples.jsonl); the run killed with kill -9 and resumed, equal to
+the uninterrupted run (turns in lockstep); and a user's loop registered by import path.
 
 The tool-calling policy is a tiny model SFT'd for a minute on one-digit products, every row a call replayed
 through the tool loop (yatt.quickstart.products), so that most of its samples call the calculator, well-formed or
@@ -15,7 +15,9 @@ import random
 from pathlib import Path
 
 import pytest
-from test_checkpoint_resume_e2e import finish, kill_while_saving, launch
+import torch
+from safetensors.torch import load_file
+from test_checkpoint_resume_e2e import comparable, finish, kill_while_saving, launch
 
 from yatt.models.tokenizer import load_tokenizer
 from yatt.quickstart.products import SPECIAL_TOKENS, product_row, sft_row
@@ -119,17 +121,25 @@ def segments(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
 
 
 @pytest.fixture(scope="module")
-def tool_run(policy, tmp_path_factory):
-    """A tool_loop run killed with kill -9 while its step-4 checkpoint is being written, then resumed from step 2
+def tool_runs(policy, tmp_path_factory) -> tuple[Path, Path]:
+    """A tool_loop run (turns in lockstep: the engines batch the same turns whatever the threads' timing) to the
+    end; the same run killed with kill -9 while its step-4 checkpoint is being written, then resumed from step 2
     to the end."""
     tmp = tmp_path_factory.mktemp("tool_run")
     config = experiment(tmp, policy, "{kind: tool_loop, max_turns: 2, max_trajectory_tokens: 160, "
-                        "tools: {c: {kind: calculator}}}", "tools.yaml")  # fmt: skip
+                        "tools: {c: {kind: calculator}}, lockstep: true}", "tools.yaml")  # fmt: skip
+    out = finish(launch(tmp, config, "full"))
+    assert "done:" in out, out[-4000:]
     run_dir = tmp / "out" / "r"
     saved = kill_while_saving(launch(tmp, config, "out", "checkpoint.debug_write_delay_s=1.0"), run_dir / "checkpoints")
     out = finish(launch(tmp, config, "out"))
     assert f"resuming from {saved}" in out and "done:" in out, out[-4000:]
-    return run_dir
+    return tmp / "full" / "r", run_dir
+
+
+@pytest.fixture(scope="module")
+def tool_run(tool_runs) -> Path:
+    return tool_runs[1]
 
 
 def test_tool_tokens_are_the_tool_responses_and_masked(tool_run, policy):
@@ -161,6 +171,18 @@ def test_tool_tokens_are_the_tool_responses_and_masked(tool_run, policy):
     # how many samples call depends on what was sampled (hf engine batches vary with thread timing: a CI run saw 3
     # of 16); every one that did is checked above, token by token
     assert with_tools > 0, f"none of {len(responses)} samples called a tool: nothing was checked"
+
+
+def test_the_resumed_run_is_the_uninterrupted_one(tool_runs):
+    """Per-step metrics (timings aside) and final weights equal."""
+    uninterrupted, resumed = tool_runs
+    for want, have in zip(comparable(uninterrupted), comparable(resumed), strict=True):
+        assert want == have, {
+            k: (want.get(k), have.get(k)) for k in set(want) | set(have) if want.get(k) != have.get(k)
+        }
+    a = load_file(uninterrupted / "policy" / "model.safetensors")
+    b = load_file(resumed / "policy" / "model.safetensors")
+    assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_the_resumed_run_logs_every_step_with_finite_agent_metrics(tool_run):

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -76,6 +78,40 @@ def test_conversations_run_at_once_and_equal_the_loop_run_alone():
             assert (t.response_ids, t.response_mask, t.tool_calls) == (alone.response_ids, alone.response_mask, 1)
     first_turns = {r.seed for r in pool.sent if r.key.endswith("/t0")}
     assert len(first_turns) == 12  # every conversation has its own seed
+
+
+class Recording(FakePool):
+    """Also records the requests of each submit call: the turns an engine would batch together."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.calls: list[list[str]] = []
+
+    def submit(self, requests: list[Request]) -> None:
+        self.calls.append([r.key for r in requests])
+        super().submit(requests)
+
+
+def test_lockstep_sends_each_round_of_turns_in_one_call_whatever_the_timing():
+    """Conversations whose loop code takes a random while between turns: in lockstep every turn of a round goes
+    in one call, in key order (without it, the calls follow the threads' timing)."""
+    loop, pool = tool_loop(), Recording(turn_model)
+
+    class Jittery:
+        def run(self, prompt_ids, generate, max_new_tokens, seed):
+            rng = random.Random(seed)
+
+            def slow(*args):
+                time.sleep(rng.uniform(0, 0.03))
+                return generate(*args)
+
+            return loop.run(prompt_ids, slow, max_new_tokens, seed)
+
+    conversations = ConversationPool(pool, Jittery(), lockstep=True)
+    conversations.submit([Request(f"g{g}", PROMPT, 100 + g, SAMPLING) for g in range(3)])
+    assert sorted(conversations.drain(timeout_s=30)) == ["g0", "g1", "g2"]
+    rounds = [sorted(f"g{g}/c{j}/t{t}" for g in range(3) for j in range(4)) for t in range(2)]
+    assert pool.calls == rounds
 
 
 def test_a_failing_loop_is_raised_in_the_callers_thread():

@@ -2,10 +2,11 @@
 reward, balancing, HF export in checkpoints, algorithm (GRPO, PPO with a critic, on-policy distillation), dynamic
 sampling, rollout schedule, LoRA, dense or MoE policy) would make 4608 runs; every pair of values of every two
 dimensions appears in at least one of the 14 combinations below, so a bug that needs two features at once to show
-(the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny
-models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
-leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial
-placement, a GenRM judge, balancing) also resumes exactly after kill -9 during a background checkpoint write."""
+(the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny models and hf
+engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on) leave an HF folder
+in its checkpoint that transformers loads. The main combination (megatron TP=2, partial placement, a GenRM judge,
+balancing) runs 3 steps, saving each, and also resumes exactly after kill -9 during a background checkpoint write:
+its one uninterrupted run serves both tests."""
 
 from __future__ import annotations
 
@@ -45,11 +46,12 @@ class Combination(NamedTuple):
     schedule: str  # sync | one_step_off (rollout.schedule.mode: the next batch generated while this one trains)
     lora: bool  # model.lora (rank 2, merged sync)
     policy: str  # dense | moe (a tiny Qwen3-MoE, routing replay r3)
+    agent: str = "single_turn"  # single_turn | tool_loop (rollout.agent: the calculator, 2 turns, in lockstep)
 
     @property
     def id(self) -> str:
         flags = [("bal", self.balance), ("exp", self.export_hf), ("ds", self.dynamic), ("osf", self.schedule != "sync"),
-                 ("lora", self.lora), ("moe", self.policy == "moe")]  # fmt: skip
+                 ("lora", self.lora), ("moe", self.policy == "moe"), ("tools", self.agent == "tool_loop")]  # fmt: skip
         return "-".join([self.backend, self.placement, self.reward, self.algorithm] + [n for n, on in flags if on])
 
 
@@ -64,6 +66,7 @@ DIMENSIONS = {
     "schedule": ("sync", "one_step_off"),
     "lora": (False, True),
     "policy": ("dense", "moe"),
+    "agent": ("single_turn", "tool_loop"),
 }
 MEGATRON = ("tp2", "pp2")
 
@@ -71,9 +74,10 @@ MEGATRON = ("tp2", "pp2")
 def allowed(c: Combination) -> bool:
     """What yatt refuses (yatt.refusals): partial placement without a judge or a distillation teacher (it splits the
     devices between rollout and them); LoRA and routing replay (the matrix's MoE policy replays r3) on the megatron
-    backend."""
+    backend; routing replay r3 with an agent loop."""
     partial_without_judge = c.placement == "partial" and c.reward == "rule" and c.algorithm != "distill"
-    return not partial_without_judge and not (c.backend in MEGATRON and (c.lora or c.policy == "moe"))
+    r3_turns = c.policy == "moe" and c.agent != "single_turn"
+    return not (partial_without_judge or r3_turns or (c.backend in MEGATRON and (c.lora or c.policy == "moe")))
 
 
 # hand-checked output of a seeded greedy search (test_the_matrix_covers_every_allowed_pair keeps it honest);
@@ -88,12 +92,12 @@ COMBINATIONS = [
     Combination("fsdp2", "partial", "rule", True, True, "distill", False, "sync", False, "dense"),
     Combination("torch", "partial", "genrm", True, True, "grpo", True, "one_step_off", False, "moe"),
     Combination("tp2", "full", "mixed", False, False, "distill", False, "one_step_off", False, "dense"),
-    Combination("pp2", "full", "genrm", True, True, "distill", False, "sync", False, "dense"),
-    Combination("fsdp2", "partial", "mixed", True, False, "grpo", False, "sync", True, "dense"),
-    Combination("tp2", "full", "rule", False, True, "ppo", True, "one_step_off", False, "dense"),
+    Combination("pp2", "full", "genrm", True, True, "distill", False, "sync", False, "dense", "tool_loop"),
+    Combination("fsdp2", "partial", "mixed", True, False, "grpo", False, "sync", True, "dense", "tool_loop"),
+    Combination("tp2", "full", "rule", False, True, "ppo", True, "one_step_off", False, "dense", "tool_loop"),
     Combination("fsdp2", "full", "genrm", False, False, "ppo", False, "sync", False, "moe"),
     Combination("pp2", "full", "rule", True, True, "grpo", True, "sync", False, "dense"),
-    Combination("torch", "partial", "rule", False, False, "distill", False, "sync", False, "dense"),
+    Combination("torch", "partial", "rule", False, False, "distill", False, "sync", False, "dense", "tool_loop"),
 ]
 # none: 9-36 s each on 2 CPU cores (the resume test ~1 min)
 SLOW: set[Combination] = set()
@@ -150,7 +154,7 @@ BACKENDS = {
     "pp2": ["trainer.backend=megatron", "trainer.megatron.pipeline_parallel=2"],
 }
 REWARD_KINDS = {"rule": "rule", "genrm": "genrm", "mixed": "genrm_with_rule"}
-FINAL = f"step-{STEPS:08d}"
+TOOL_LOOP = "{kind: tool_loop, max_turns: 2, max_trajectory_tokens: 24, tools: {calculator: {}}, lockstep: true}"
 
 
 def readable_judge(folder: Path) -> Path:
@@ -211,6 +215,7 @@ def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
         f"rollout.schedule.mode={c.schedule}",
         *(["model.lora.rank=2", "model.lora.alpha=4"] if c.lora else []),
         *(["algorithm.routing_replay=r3"] if c.policy == "moe" else []),
+        *([f"rollout.agent={TOOL_LOOP}"] if c.agent == "tool_loop" else []),
     ]
     return config, overrides
 
@@ -246,11 +251,13 @@ def feature_keys(c: Combination) -> list[str]:
         keys += ["async/staleness_mean"]
     if c.policy == "moe":
         keys += ["moe/aux_loss", "moe/tokens_per_expert_max", "moe/tokens_per_expert_mean"]
+    if c.agent == "tool_loop":
+        keys += ["agent/turns_mean", "agent/tool_calls_per_sample", "agent/tool_token_frac"]
     return keys
 
 
-def check_metrics(c: Combination, logged: list[dict]) -> None:
-    assert [r["step"] for r in logged] == list(range(STEPS + 1))
+def check_metrics(c: Combination, logged: list[dict], steps: int = STEPS) -> None:
+    assert [r["step"] for r in logged] == list(range(steps + 1))
     # no exception needed: a step that trains on nothing (dynamic sampling keeping no group) logs 0, not NaN
     for r in logged:
         bad = {k: v for k, v in r.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
@@ -288,10 +295,10 @@ def check_metrics(c: Combination, logged: list[dict]) -> None:
     assert steps[-1]["actor/grad_norm"] > 0, steps[-1]  # the policy trained on a batch with signal
 
 
-def check_export(run_dir: Path) -> None:
+def check_export(run_dir: Path, steps: int = STEPS) -> None:
     """The checkpoint of the last step holds an HF folder (under the manifest's checksums) that transformers
     loads, with finite logits and the final policy's weights."""
-    folder = run_dir / "checkpoints" / FINAL
+    folder = run_dir / "checkpoints" / f"step-{steps:08d}"
     assert {"policy/model.safetensors", "policy/config.json", "policy/tokenizer.json"} <= set(verify(folder)["files"])
     model = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32)
     with torch.no_grad():
@@ -321,31 +328,41 @@ def params(combinations: list[Combination]) -> list:
     ]
 
 
-@pytest.mark.parametrize("c", params(COMBINATIONS))
-def test_combination(tmp_path, c):
-    config, overrides = config_of(tmp_path, c, run_body(STEPS, STEPS, 1))
-    proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "m"
-    check_metrics(c, records(run_dir))
-    if c.export_hf:
-        check_export(run_dir)
-
-
 RESUME_STEPS = 3
 
 
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory) -> tuple[Path, list[str], Path]:
+    """MAIN run uninterrupted for RESUME_STEPS steps, saving every step: its combination's run and the reference
+    of its resume test (config, overrides, run dir)."""
+    tmp = tmp_path_factory.mktemp("main")
+    config, overrides = config_of(tmp, MAIN, run_body(RESUME_STEPS, 1, 2))
+    out = finish(launch(tmp, config, "full", *overrides))
+    assert "done:" in out, out[-3000:]
+    return config, overrides, tmp / "full" / "m"
+
+
+@pytest.mark.parametrize("c", params(COMBINATIONS))
+def test_combination(tmp_path, c, request):
+    if c == MAIN:
+        run_dir, steps = request.getfixturevalue("main_run")[2], RESUME_STEPS
+    else:
+        config, overrides = config_of(tmp_path, c, run_body(STEPS, STEPS, 1))
+        proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        run_dir, steps = tmp_path / "runs" / "m", STEPS
+    check_metrics(c, records(run_dir), steps)
+    if c.export_hf:
+        check_export(run_dir, steps)
+
+
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")
-def test_main_combination_resumes_exactly_after_kill_9(tmp_path):
+def test_main_combination_resumes_exactly_after_kill_9(tmp_path, main_run):
     """MAIN (megatron TP=2, partial placement, a GenRM judge, balancing, HF export) saving every step: killed
     with kill -9 while step 2's checkpoint (shards and gathered HF folder) is being written in the background,
     rerun, it skips the partial checkpoint, resumes from step 1, and logs the uninterrupted run's per-step
     metrics and ends with its weights."""
-    config, overrides = config_of(tmp_path, MAIN, run_body(RESUME_STEPS, 1, 2))
-    out = finish(launch(tmp_path, config, "full", *overrides))
-    assert "done:" in out, out[-3000:]
-    uninterrupted = tmp_path / "full" / "m"
-
+    config, overrides, uninterrupted = main_run
     run_dir = tmp_path / "chain" / "m"
     ckpts = run_dir / "checkpoints"
     proc = launch(tmp_path, config, "chain", *overrides, "checkpoint.debug_write_delay_s=1.0")

@@ -71,6 +71,14 @@ class AgentConfig(BaseModel):
         "(default: the name) is a name in yatt.tools.TOOLS (calculator, python) or an import path "
         "'pkg.module:Tool'.",
     )
+    lockstep: bool = Field(
+        False,
+        description="Turns go to the engines in rounds: a round's turns (every live conversation's next one) in "
+        "one call, sent once the last of them is ready. Which turns share an engine batch then never depends on "
+        "thread timing, so a run on hf engines reproduces itself and resumes exactly after a crash; the price is "
+        "that no conversation's tool call overlaps another's generation. false: each turn is sent as soon as it "
+        "is ready.",
+    )
     options: Any = Field(
         None,
         description="A plug-in loop's own settings, validated against the `config` class its entry declares; "

@@ -11,8 +11,10 @@ sequential code, and a tool that blocks, e.g. the python sandbox's subprocess, b
 conversation). A turn's `Generate` call queues one request (n=1, the turn's seed and max_tokens) and waits for
 its key; the caller's thread, the only one that touches the engine pool, sends every queued turn at each poll
 and hands each completion back to its waiting thread. So an engine sees the turns of all conversations at
-once, and a dead engine's turns are re-routed by the pool like any request. Each turn's prompt is the
-trajectory's own ids (token in, token out: no history is re-tokenized).
+once, and a dead engine's turns are re-routed by the pool like any request. With `lockstep` (rollout.agent) the
+turns wait for each other: they are sent once no conversation is running its loop's code or waiting for a
+completion, all in one call in key order, so the engines batch the same turns together in every run. Each turn's
+prompt is the trajectory's own ids (token in, token out: no history is re-tokenized).
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from yatt.agents.base import AgentLoop, Trajectory
+from yatt.agents import build_loop
+from yatt.agents.base import AgentLoop, TokenizerCodec, Trajectory
+from yatt.agents.config import AgentConfig
 from yatt.balance.exchange import FINISH_REASONS
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
@@ -61,9 +65,26 @@ class _Group:
     left: int
 
 
+@dataclass(frozen=True)
+class Agent:
+    """The run's agent loop and how its turns reach the engines (the rollout.agent section)."""
+
+    loop: AgentLoop
+    lockstep: bool = False
+
+    @classmethod
+    def build(cls, cfg: AgentConfig, tokenizer) -> Agent:
+        return cls(build_loop(cfg, TokenizerCodec(tokenizer)), cfg.lockstep)
+
+    def pool(self, engines: EnginePool | ResumingPool) -> ConversationPool:
+        return ConversationPool(engines, self.loop, self.lockstep)
+
+
 class ConversationPool:
-    def __init__(self, pool: EnginePool | ResumingPool, loop: AgentLoop):
-        self.pool, self.loop = pool, loop
+    def __init__(self, pool: EnginePool | ResumingPool, loop: AgentLoop, lockstep: bool = False):
+        self.pool, self.loop, self.lockstep = pool, loop, lockstep
+        self.held: list[_Turn] = []  # lockstep: the round's turns ready so far
+        self.running = 0  # conversations in their loop's code (not waiting for a turn, not ended), as events tell
         self.groups: dict[str, _Group] = {}
         self.waiting: dict[str, _Turn] = {}  # pool key -> the turn waiting for it (caller's thread only)
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # _Turn to send, or (group key, sample, result)
@@ -85,6 +106,7 @@ class ConversationPool:
                 raise ValueError(f"request key {req.key!r} was already submitted to this pool")
             n = req.sampling.n
             self.groups[req.key] = _Group(req, [None] * n, n)
+            self.running += n
             for j in range(n):
                 threading.Thread(target=self._converse, args=(req, j), daemon=True, name=f"agent {req.key}/{j}").start()
 
@@ -122,15 +144,19 @@ class ConversationPool:
         meanwhile and hands back the completions that arrived."""
         out: list[tuple[str, list[Trajectory]]] = []
         events = self._events(0.0 if self.pool.in_flight() else max_wait_s)
-        turns = [e for e in events if isinstance(e, _Turn)]
-        for turn in turns:
-            self.waiting[turn.request.key] = turn
-        if turns:
+        self.running -= len(events)  # each event is a conversation that stopped running: a turn or its end
+        self.held += [e for e in events if isinstance(e, _Turn)]
+        if self.held and not (self.lockstep and (self.running or self.pool.in_flight())):
+            turns = sorted(self.held, key=lambda t: t.request.key) if self.lockstep else self.held
+            for turn in turns:
+                self.waiting[turn.request.key] = turn
             self.pool.submit([t.request for t in turns])
+            self.held = []
         if self.pool.in_flight():
             for key, completions in self.pool.poll(max_wait_s):
                 turn = self.waiting.pop(key)
                 turn.completion = completions[0]
+                self.running += 1
                 turn.done.set()
         for event in events:
             if isinstance(event, _Turn):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from yatt.agents.base import AgentLoop
+from yatt.controllers.conversations import Agent
 from yatt.controllers.images import load_batch_images
 from yatt.controllers.metrics import agent_metrics, agent_sums
 from yatt.controllers.rollouts import generate_rollouts, score_rollouts
@@ -34,7 +34,7 @@ def evaluate_greedy(
     image_inputs: ImageInputs | None,
     greedy: SamplingSpec,
     tokenizer,
-    agent: AgentLoop | None = None,
+    agent: Agent | None = None,
 ) -> tuple[dict[str, float], list[Rollout]]:
     """The evaluation's metrics (the same on every rank) and this rank's scored rollouts (for samples.jsonl).
     `agent`: greedy conversations of that loop (rollout.agent), with their tool-call counts as eval/agent/*."""

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from yatt.agents.base import AgentLoop
 from yatt.config import RolloutConfig
-from yatt.controllers.conversations import ConversationPool
+from yatt.controllers.conversations import Agent
 from yatt.controllers.rollouts import group_rollouts
 from yatt.data.images import PromptImages
 from yatt.data.rollout import Rollout
@@ -200,7 +199,7 @@ def generate_and_judge(
     first_group: int = 0,
     before_judging: Callable[[], None] | None = None,
     images: list[PromptImages | None] | None = None,
-    agent: AgentLoop | None = None,
+    agent: Agent | None = None,
 ) -> tuple[list[Rollout], GenerationStats]:
     """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in.
     `agent`: each sample is a conversation of that loop on the rollout engines (yatt.controllers.conversations),
@@ -213,7 +212,7 @@ def generate_and_judge(
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
     images = images or [None] * len(rows)
-    rollout_pool = ConversationPool(rollout_pool, agent) if agent is not None else rollout_pool
+    rollout_pool = agent.pool(rollout_pool) if agent is not None else rollout_pool
     rollout_pool.submit(
         [
             Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import hashlib
 
-from yatt.agents.base import AgentLoop, Trajectory
+from yatt.agents.base import Trajectory
 from yatt.balance.exchange import Plan, rebalance
 from yatt.config import BalanceConfig
-from yatt.controllers.conversations import ConversationPool, agent_rollouts
+from yatt.controllers.conversations import Agent, agent_rollouts
 from yatt.data.images import PromptImages
 from yatt.data.prepare import encode_prompts  # noqa: F401  (re-exported: the step encodes its batch)
 from yatt.data.rollout import Rollout
@@ -37,7 +37,7 @@ def generate_rollouts(
     tokenizer,
     seeds: list[int] | None,
     images: list[PromptImages | None] | None = None,
-    agent: AgentLoop | None = None,
+    agent: Agent | None = None,
 ) -> list[Rollout]:
     """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)). `images`: the
     rows' loaded images (yatt.controllers.images), None for text rows. `agent`: each sample is a conversation
@@ -47,7 +47,7 @@ def generate_rollouts(
     its unanswered prompts are sent again, with the same seeds: the result is what a live engine gives."""
     seeds = seeds if seeds is not None else [None] * len(prompt_ids)
     images = images or [None] * len(rows)
-    pool = ConversationPool(pool, agent) if agent is not None else pool
+    pool = agent.pool(pool) if agent is not None else pool
     pool.submit(
         [
             Request(f"p{i}", ids, seed, sampling, im.images if im else None)
@@ -105,7 +105,7 @@ def set_greedy_baselines(
     prompt_ids: list[list[int]],
     images: list[PromptImages | None],
     tokenizer,
-    agent: AgentLoop | None = None,
+    agent: Agent | None = None,
 ) -> None:
     """ReMax, in place: one greedy response per prompt (a greedy conversation with an agent loop), generated
     right after its group and scored by the rule verifier (the config allows ReMax with reward.kind=rule only);

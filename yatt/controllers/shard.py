@@ -16,12 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from yatt.agents import build_loop
-from yatt.agents.base import TokenizerCodec
 from yatt.checkpoint.export import PolicyWriter, policy_writer
 from yatt.checkpoint.snapshot import Snapshot
 from yatt.config import ExperimentConfig
 from yatt.controllers.components import Components
+from yatt.controllers.conversations import Agent
 from yatt.controllers.dynamic_sampling import DynamicSampler, in_groups, reduce_metrics
 from yatt.controllers.evaluation import evaluate_greedy
 from yatt.controllers.generation import GenerationStats, GroupShare, assign_rewards, generate_placed, sampling_specs
@@ -91,7 +90,7 @@ class ControllerShard(ShardState):
         routed = cfg.algorithm.routing_replay == "r3"  # r3: the engines return the experts of every token
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id, routed)
         # rollout.agent: each sample a conversation of this loop (yatt.controllers.conversations); None: single_turn
-        self.agent = build_loop(cfg.rollout.agent, TokenizerCodec(self.tokenizer)) if cfg.rollout.multi_turn else None
+        self.agent = Agent.build(cfg.rollout.agent, self.tokenizer) if cfg.rollout.multi_turn else None
         self.samples_trained = self.last_step = 0
         # rollout.schedule: when batches are made (this thread, or a producer thread ahead of the trainer), and on
         # which devices (yatt.controllers.schedule)

@@ -340,4 +340,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from yatt.quick_exit import quick_exit
+
+    quick_exit(main())

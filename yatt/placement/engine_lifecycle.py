@@ -288,5 +288,9 @@ class EngineServices:
     def close(self) -> None:
         for c in self._remote.values():
             c.close()
-        for c in self.local.values():
-            c.close()
+        # at once: each waits for its engine's process to end
+        closing = [threading.Thread(target=c.close) for c in self.local.values()]
+        for t in closing:
+            t.start()
+        for t in closing:
+            t.join()
