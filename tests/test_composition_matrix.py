@@ -1,12 +1,12 @@
-"""The composition matrix: yatt's features run together, pairwise. Ten dimensions (trainer backend, placement,
+"""The composition matrix: yatt's features run together, pairwise. Eleven dimensions (trainer backend, placement,
 reward, balancing, HF export in checkpoints, algorithm (GRPO, PPO with a critic, on-policy distillation), dynamic
-sampling, rollout schedule, LoRA, dense or MoE policy) would make 4608 runs; every pair of values of every two
-dimensions appears in at least one of the 14 combinations below, so a bug that needs two features at once to show
-(the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with tiny models and hf
-engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on) leave an HF folder
-in its checkpoint that transformers loads. The main combination (megatron TP=2, partial placement, a GenRM judge,
-balancing) runs 3 steps, saving each, and also resumes exactly after kill -9 during a background checkpoint write:
-its one uninterrupted run serves both tests."""
+sampling, rollout schedule, LoRA, dense or MoE policy, agent loop) would make 9216 runs; every pair of values of
+every two dimensions that yatt takes appears in at least one of the 14 combinations below, so a bug that needs two
+features at once to show (the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with
+tiny models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
+leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial placement,
+a GenRM judge, balancing) runs 3 steps, saving each, and also resumes exactly after kill -9 during a background
+checkpoint write: its one uninterrupted run serves both tests."""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def allowed(c: Combination) -> bool:
     return not (partial_without_judge or r3_turns or (c.backend in MEGATRON and (c.lora or c.policy == "moe")))
 
 
-# hand-checked output of a seeded greedy search (test_the_matrix_covers_every_allowed_pair keeps it honest);
-# the first is the main combination
+# hand-checked output of a seeded greedy search, the agent column then filled by an exhaustive one over these rows
+# (test_the_matrix_covers_every_allowed_pair keeps it honest); the first is the main combination
 MAIN = Combination("tp2", "partial", "genrm", True, True, "grpo", False, "sync", False, "dense")
 COMBINATIONS = [
     MAIN,
