@@ -14,8 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from yatt.launcher import main  # noqa: E402
-from yatt.quick_exit import quick_exit  # noqa: E402
+from yatt.launcher import entry  # noqa: E402
 
 if __name__ == "__main__":
-    quick_exit(main(sys.argv[1:], script=str(Path(__file__).resolve())))
+    entry(sys.argv[1:], script=str(Path(__file__).resolve()))

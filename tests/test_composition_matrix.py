@@ -91,9 +91,9 @@ COMBINATIONS = [
     Combination("torch", "full", "genrm", False, False, "grpo", True, "sync", True, "dense"),
     Combination("fsdp2", "partial", "rule", True, True, "distill", False, "sync", False, "dense"),
     Combination("torch", "partial", "genrm", True, True, "grpo", True, "one_step_off", False, "moe"),
-    Combination("tp2", "full", "mixed", False, False, "distill", False, "one_step_off", False, "dense"),
+    Combination("tp2", "full", "mixed", True, False, "distill", False, "one_step_off", False, "dense"),
     Combination("pp2", "full", "genrm", True, True, "distill", False, "sync", False, "dense", "tool_loop"),
-    Combination("fsdp2", "partial", "mixed", True, False, "grpo", False, "sync", True, "dense", "tool_loop"),
+    Combination("fsdp2", "partial", "mixed", True, True, "grpo", False, "sync", True, "dense", "tool_loop"),
     Combination("tp2", "full", "rule", False, True, "ppo", True, "one_step_off", False, "dense", "tool_loop"),
     Combination("fsdp2", "full", "genrm", False, False, "ppo", False, "sync", False, "moe"),
     Combination("pp2", "full", "rule", True, True, "grpo", True, "sync", False, "dense"),
@@ -295,11 +295,17 @@ def check_metrics(c: Combination, logged: list[dict], steps: int = STEPS) -> Non
     assert steps[-1]["actor/grad_norm"] > 0, steps[-1]  # the policy trained on a batch with signal
 
 
-def check_export(run_dir: Path, steps: int = STEPS) -> None:
+def check_export(run_dir: Path, steps: int = STEPS, lora: bool = False) -> None:
     """The checkpoint of the last step holds an HF folder (under the manifest's checksums) that transformers
-    loads, with finite logits and the final policy's weights."""
+    loads, with finite logits and the final policy's weights (LoRA: and its adapter folder, the final one's)."""
     folder = run_dir / "checkpoints" / f"step-{steps:08d}"
-    assert {"policy/model.safetensors", "policy/config.json", "policy/tokenizer.json"} <= set(verify(folder)["files"])
+    files = set(verify(folder)["files"])
+    assert {"policy/model.safetensors", "policy/config.json", "policy/tokenizer.json"} <= files
+    if lora:
+        assert {"policy/adapter/adapter_model.safetensors", "policy/adapter/adapter_config.json"} <= files
+        saved = load_file(folder / "policy" / "adapter" / "adapter_model.safetensors")
+        final = load_file(run_dir / "policy" / "adapter" / "adapter_model.safetensors")
+        assert set(saved) == set(final) and all(torch.equal(saved[k], final[k]) for k in final)
     model = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32)
     with torch.no_grad():
         ids = AutoTokenizer.from_pretrained(folder / "policy")("12+34=", return_tensors="pt").input_ids
@@ -353,7 +359,7 @@ def test_combination(tmp_path, c, request):
         run_dir, steps = tmp_path / "runs" / "m", STEPS
     check_metrics(c, records(run_dir), steps)
     if c.export_hf:
-        check_export(run_dir, steps)
+        check_export(run_dir, steps, c.lora)
 
 
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")

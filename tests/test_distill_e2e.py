@@ -52,6 +52,8 @@ def test_a_teacher_is_refused_in_one_line_when_it_cannot_score_the_students_ids(
 
 
 @pytest.mark.engine
+@pytest.mark.slow  # CI: tests/test_composition_matrix.py distils under partial placement with balancing (fsdp2,
+# torch with a tool loop) and on megatron TP=2 / PP=2
 def test_distillation_with_partial_placement(tmp_path):
     teacher = write_tiny_model(tmp_path / "teacher", TEACHER, seed=5)
     path = experiment(tmp_path, config(tmp_path, teacher))

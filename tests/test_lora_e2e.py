@@ -40,6 +40,8 @@ run: {{name: r, steps: {STEPS}, eval_every: 2}}
     )
 
 
+@pytest.mark.slow  # CI: LoRA runs in the composition matrix (hf engines, merged sync), a merged push reaches a
+# vLLM engine whole in tests/test_lora.py, and tests/test_vllm_lora.py serves synced adapters
 def test_lora_with_vllm_merged_syncs_and_a_kl_term(config):
     tmp, path = config
     run_dir = run(tmp, "vllm", path, *LORA, "algorithm.kl_coef=0.05", "checkpoint.export_hf=true")

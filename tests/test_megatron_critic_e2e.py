@@ -6,6 +6,7 @@ shard of the critic with the value head."""
 import json
 import math
 
+import pytest
 from e2e import ONE_TOKEN_GRPO, experiment, torchrun
 from megatron_ranks import needs_megatron
 from safetensors.torch import load_file
@@ -22,6 +23,8 @@ checkpoint: {every: 3, keep: 1}
 )
 
 
+@pytest.mark.slow  # CI: the composition matrix's PPO runs at TP=2 and PP=2 (critic warm-up, critic metrics and
+# gradients), tests/test_megatron_critic.py's value head at TP=2
 def test_ppo_with_a_critic_at_tp2(tmp_path):
     config = experiment(
         tmp_path, PPO + f"run: {{name: c, output_dir: {tmp_path / 'runs'}, steps: 3, eval_every: 0}}\n", model=DIGITS_TP

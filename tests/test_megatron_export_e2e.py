@@ -1,8 +1,8 @@
 """checkpoint.export_hf under megatron: a real 2-rank run saving a checkpoint every step writes, inside each
 one, a Hugging Face folder of the policy gathered from the rank shards at that save. The last checkpoint's
 folder loads with transformers and holds exactly the weights of the run's final export (run.export_policy);
-the earlier one holds the earlier step's weights. TP=2 and TP=PP=1 (DP=2, whole model on every rank) run
-by default, PP=2 is slow."""
+the earlier one holds the earlier step's weights. TP=2, TP=PP=1 (DP=2, whole model on every rank) and PP=2, all
+in the slow suite: CI's composition matrix exports from TP=2 and PP=2 shards."""
 
 import json
 
@@ -67,7 +67,9 @@ def check_exports(run_dir, initial) -> None:
     assert summary["checkpoint_stall_seconds"] > 0
 
 
-@pytest.mark.parametrize("tp", [2, pytest.param(1, marks=pytest.mark.slow)])
+# slow, both: CI exports from TP=2 and PP=2 shards in tests/test_composition_matrix.py (checkpoint.export_hf: the
+# folder transformers loads equals the final policy)
+@pytest.mark.parametrize("tp", [pytest.param(2, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow)])
 def test_export_hf_under_tensor_parallelism(tmp_path, tp):
     check_exports(*export_run(tmp_path, tp, 1))
 

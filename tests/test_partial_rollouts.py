@@ -126,6 +126,8 @@ class PushAfter:
         return 1
 
 
+@pytest.mark.slow  # CI: tests/test_async_e2e.py's partial rollouts on vLLM engines, end to end (every token's
+# version kept, samples resumed on the new weights, a checkpoint of them resumed after kill -9)
 def test_resuming_pool_interrupts_pushes_and_resumes_on_the_new_weights(folders, engines, prompts, tmp_path) -> None:
     # max_num_seqs 3: one request at a time, so the push finds requests running and requests queued
     cfg = CFG.model_copy(update={"max_num_seqs": 3})

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.engine
     scope="module",
     # CI runs vllm; images moved by balancing: tests/test_balance_exchange_images.py; the megatron VL step equal to
     # the torch backend's: tests/test_megatron_vl.py
-    params=["vllm", *(pytest.param(p, marks=pytest.mark.slow) for p in ("hf", "hf-balanced", "hf-megatron"))],
+    # slow, all: CI runs image prompts end to end in tests/test_resume_e2e_vl.py (hf engines, dynamic sampling, an
+    # ahead schedule, exact resume) and test_a_step_trains_text_and_image_prompts_in_one_batch below; a vLLM engine
+    # agrees with the trainer on image prompts in tests/test_vl_engines.py
+    params=[pytest.param(p, marks=pytest.mark.slow) for p in ("vllm", "hf", "hf-balanced", "hf-megatron")],
 )
 def run(request, tmp_path_factory):
     backend, balanced = request.param.split("-")[0], request.param.endswith("balanced")

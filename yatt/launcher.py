@@ -36,11 +36,13 @@ import time
 import traceback
 import uuid
 from pathlib import Path
+from typing import NoReturn
 
 from yatt.config import ExperimentConfig, load_experiment
 from yatt.config_loading import ConfigError
 from yatt.data.errors import DataError
 from yatt.preflight import check_run
+from yatt.quick_exit import quick_exit
 
 AGENT_ENV = "YATT_LAUNCH_AGENT"  # set by the --nproc agent for its ranks: they report through the error file only
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set per rank by torch's elastic agent (torchrun's and ours)
@@ -90,6 +92,11 @@ def checked_config(args: argparse.Namespace, world_size: int) -> ExperimentConfi
     cfg = load_experiment(args.config, args.overrides, args.placement)
     check_run(cfg, world_size, args.config)
     return cfg
+
+
+def entry(argv: list[str], script: str) -> NoReturn:
+    """launch/train.py: `main`'s exit code, without Python's slow teardown of torch (yatt.quick_exit)."""
+    quick_exit(main(argv, script))
 
 
 def main(argv: list[str], script: str) -> int:

@@ -30,6 +30,7 @@ class PolicySource(Protocol):
 
     def hf_weights(self, state: dict[str, Any]) -> dict[str, Tensor]: ...
     def gather_hf_weights(self) -> dict[str, Tensor] | None: ...
+    def gather_adapter(self) -> dict[str, Any] | None: ...
     def save_adapter(self, folder: Path, state: dict[str, Any] | None = None) -> None:
         """peft's adapter folder of a snapshot's state (None: live); nothing for a trainer without adapters."""
 
@@ -81,7 +82,15 @@ def policy_writer(trainer: PolicySource, snap: Snapshot | None, key: str, tokeni
             tokenizer=tokenizer,
             save_adapter=trainer.save_adapter,
         )
-    weights = trainer.gather_hf_weights()  # a collective: every rank takes part, rank 0 gets the weights
+    weights = trainer.gather_hf_weights()  # collectives: every rank takes part, rank 0 gets the copies
+    adapter = trainer.gather_adapter()
     if weights is None:
         return None
-    return partial(export_hf, weights=weights, hf_config=trainer.hf_config, tokenizer=tokenizer)
+    return partial(export_gathered, weights=weights, adapter=adapter, trainer=trainer, tokenizer=tokenizer)
+
+
+def export_gathered(folder: Path, weights: dict[str, Tensor], adapter: Any, trainer: PolicySource, tokenizer: Any):
+    """A sharded trainer's gathered host copies written as the export: the weights and, with LoRA, the adapters."""
+    export_hf(folder, weights, trainer.hf_config, tokenizer)
+    if adapter is not None:
+        trainer.save_adapter(folder / ADAPTER_DIR, adapter)

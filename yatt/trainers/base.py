@@ -83,6 +83,12 @@ class Trainer(Protocol):
         `save_hf` gather its shards this way."""
         ...
 
+    def gather_adapter(self) -> dict[str, Any] | None:
+        """Collective like `gather_hf_weights`: a host copy on rank 0 of the adapters as a snapshot's `state` holds
+        them (what `save_adapter` takes), for a sharded trainer's checkpoint export; None elsewhere and without
+        adapters."""
+        ...
+
     @property
     def hf_config(self) -> Any:
         """The policy's transformers config (written next to exported weights)."""

@@ -195,6 +195,9 @@ class Adapters:
         self.save_adapter(Path(folder) / ADAPTER_DIR)
 
     # ---- peft's adapter folder -----------------------------------------------------------------
+    def host_adapters(self) -> dict[str, Tensor]:
+        return {k: full(t).to("cpu", copy=True) for k, t in self.state().items()}
+
     def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None, write: bool = True) -> None:
         """peft's adapter folder of `state` (a snapshot's adapters; None: the live ones), which
         `PeftModel.from_pretrained(base_model, folder)` loads. With fsdp2 every rank calls it (the live adapters are

@@ -485,6 +485,9 @@ class MegatronTrainer:
     def save_adapter(self, folder: str | Path, state: dict[str, Any] | None = None) -> None:
         """No adapters (its registry entry says why not: yatt.trainers.megatron_config)."""
 
+    def gather_adapter(self) -> None:
+        return None
+
     def reference(self) -> None:
         """None: the reference is a frozen copy."""
         return None

@@ -398,6 +398,12 @@ class TorchTrainer:
         """LoRA: peft's adapter folder of a snapshot's `state` (None: the live adapters); nothing without LoRA."""
         self.weights.save_adapter(folder, None if state is None else state[self.weights.key])
 
+    def gather_adapter(self) -> dict[str, Any] | None:
+        """LoRA: the adapters as a snapshot holds them (`save_adapter`'s `state`), a host copy on rank 0 (with
+        fsdp2 every rank calls it); None elsewhere and without adapters."""
+        adapters = self.weights.host_adapters()
+        return {self.weights.key: adapters} if adapters is not None and self.world.is_main else None
+
     def gather_hf_weights(self) -> dict[str, Tensor] | None:
         """Every rank holds the whole policy: a host copy of it on rank 0, None elsewhere."""
         if self.replicated and not self.world.is_main:

@@ -55,6 +55,11 @@ class Weights(Protocol):
         and the one with `write` writes); nothing when there are no adapters."""
         ...
 
+    def host_adapters(self) -> dict[str, Tensor] | None:
+        """A host copy of what `state()` holds of the adapters, whole (gathered with fsdp2: every rank calls it):
+        what `save_adapter` takes as `state` off the training thread; None when there are no adapters."""
+        ...
+
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
         """The policy as a Hugging Face folder (weights, config, generation config, tokenizer)."""
         ...
@@ -103,6 +108,9 @@ class FullWeights:
 
     def save_adapter(self, folder: str | Path, state: dict[str, Tensor] | None = None, write: bool = True) -> None:
         """No adapters: the policy folder is the weights alone."""
+
+    def host_adapters(self) -> None:
+        return None
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
         self.module.save_pretrained(str(folder))
