@@ -89,7 +89,9 @@ def policy_writer(trainer: PolicySource, snap: Snapshot | None, key: str, tokeni
     return partial(export_gathered, weights=weights, adapter=adapter, trainer=trainer, tokenizer=tokenizer)
 
 
-def export_gathered(folder: Path, weights: dict[str, Tensor], adapter: Any, trainer: PolicySource, tokenizer: Any):
+def export_gathered(
+    folder: Path, weights: dict[str, Tensor], adapter: Any, trainer: PolicySource, tokenizer: Any
+) -> None:
     """A sharded trainer's gathered host copies written as the export: the weights and, with LoRA, the adapters."""
     export_hf(folder, weights, trainer.hf_config, tokenizer)
     if adapter is not None:
