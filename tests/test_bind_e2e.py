@@ -22,6 +22,8 @@ def namespace_available() -> bool:
 
 
 @pytest.mark.skipif(not namespace_available(), reason="needs root, unshare and ip for a private network namespace")
+@pytest.mark.slow  # CI: tests/test_multinode_e2e.py's partial placement across two nodes reaches the engines of the
+# other node over its non-loopback address, bound to every interface
 def test_partial_placement_over_a_non_loopback_address(tmp_path):
     config = experiment(
         tmp_path,

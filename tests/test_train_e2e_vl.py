@@ -82,6 +82,8 @@ def test_image_run_trains_and_engines_follow(run):
     assert sum(r.get("balance/moved_pixel_bytes", 0) for r in records[1:]) == moved * 4 * (3 * 32 * 32 + 32 * 32)
 
 
+@pytest.mark.slow  # CI: tests/test_vl_engines.py trains text and image rows in one batch, the hf engine agreeing
+# with the trainer on image prompts; tests/test_balance_exchange_images.py moves images between ranks
 def test_a_step_trains_text_and_image_prompts_in_one_batch(tmp_path):
     """Mixed rows: the data holds image prompts and text prompts, so each step's batch (and micro-batch) mixes
     them, balanced across the ranks; the engines' log-probs of both kinds agree with the trainer's on the mixed
