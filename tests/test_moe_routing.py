@@ -161,3 +161,19 @@ def test_routing_replay_refusals_are_in_the_table(overrides, says):
     config = Path(__file__).resolve().parents[1] / "configs/quickstart_moe.yaml"
     with pytest.raises(ConfigError, match=says):
         load_config(ExperimentConfig, config, overrides)
+
+
+def test_a_bare_off_is_off_in_a_file_and_on_the_command_line(tmp_path):
+    """YAML reads `off` as false; routing_replay (and the sandbox's network_namespace) take it as the value named."""
+    from pathlib import Path
+
+    from yatt.config import ExperimentConfig
+    from yatt.config_loading import load_config
+    from yatt.tools.sandbox import PythonConfig
+
+    config = Path(__file__).resolve().parents[1] / "configs/quickstart_moe.yaml"
+    assert load_config(ExperimentConfig, config, ["algorithm.routing_replay=off"]).algorithm.routing_replay == "off"
+    text = config.read_text().replace("routing_replay: r3", "routing_replay: off")
+    (tmp_path / "moe.yaml").write_text(text)
+    assert load_config(ExperimentConfig, tmp_path / "moe.yaml", []).algorithm.routing_replay == "off"
+    assert PythonConfig.model_validate({"kind": "python", "network_namespace": False}).network_namespace == "off"

@@ -145,6 +145,11 @@ class AlgorithmConfig(Section):
         "forces the experts and recomputes their gate weights from the router's logits. A dense policy ignores it.",
     )
 
+    @field_validator("routing_replay", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` (file or command line) as false
+
     @model_validator(mode="before")
     @classmethod
     def _registered_kinds(cls, data: Any) -> Any:

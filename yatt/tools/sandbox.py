@@ -41,9 +41,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from yatt.tools.base import ToolConfig, ToolResult
 
@@ -94,6 +94,12 @@ class PythonConfig(ToolConfig):
         "auto: when this machine allows it; require: fail every call when it does not. The audit hook refuses "
         "sockets either way.",
     )
+
+    @field_validator("network_namespace", mode="before")
+    @classmethod
+    def _bare_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML reads a bare `off` (file or command line) as false
+
     workdir_root: str | None = Field(
         None,
         description="Where each call's temporary working directory is made (null: the system temp dir); `user` "
