@@ -28,6 +28,12 @@ def from_last_stage(pp: int, device: torch.device, obj: Any) -> Any:
     return box[0]
 
 
+def outputs_from_last_stage(pp: int, device: torch.device, outputs: list) -> list:
+    """The last stage's per-micro-batch outputs (rows, log-probs or values, entropies or None), on the host, on
+    every stage of this rank's pipeline."""
+    return from_last_stage(pp, device, [(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs])
+
+
 def check_same_batch(batch: TokenBatch, group_size: int, device: torch.device) -> None:
     """The ranks of one model-parallel (TP x PP = `group_size`) group must compute on the same samples; a mismatch
     would silently mix different sequences inside one forward. A fingerprint of the batch, compared by min and

@@ -55,7 +55,7 @@ from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.trainers import megatron_vision as mv
 from yatt.trainers.config import TrainerConfig
-from yatt.trainers.megatron_groups import check_same_batch, from_last_stage
+from yatt.trainers.megatron_groups import check_same_batch, from_last_stage, outputs_from_last_stage
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_weights import gathered_buckets, hf_units
 from yatt.trainers.packing import model_inputs, shared_prompts
@@ -374,9 +374,7 @@ class MegatronTrainer:
         with torch.no_grad():
             outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None)
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
-        for rows, logp, ent in from_last_stage(
-            self.pp, self.world.device, [(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs]
-        ):
+        for rows, logp, ent in outputs_from_last_stage(self.pp, self.world.device, outputs):
             index, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
             logps[index, width] = logp
             if with_entropy:
@@ -412,9 +410,7 @@ class MegatronTrainer:
             return
         from megatron.core import parallel_state as ps
 
-        outputs = from_last_stage(
-            self.pp, self.world.device, [(r, lp.cpu(), e if e is None else e.cpu()) for r, lp, e in outputs]
-        )
+        outputs = outputs_from_last_stage(self.pp, self.world.device, outputs)
         if ps.is_pipeline_last_stage():
             return
         for rows, logp, ent in outputs:
