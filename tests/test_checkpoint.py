@@ -280,14 +280,14 @@ def test_checkpointer_exports_the_policy_from_the_snapshot_or_gathered(tmp_path,
     checkpoints = _checkpointer(tmp_path, ["checkpoint.export_hf=true", "checkpoint.debug_write_delay_s=0.2"])
     policy = tmp_path / "policy"
     trainer = TorchTrainer(policy, TrainerConfig(), checkpoints.world)
-    # False: the export gathers (gather_hf_weights) at the save, as a sharded (megatron) trainer's does
+    # False: the export gathers (stream_hf_weights) and writes at the save, as a sharded trainer's does
     trainer.replicated = replicated
     saved = {k: v.clone() for k, v in trainer.module.state_dict().items()}
     calls = []
 
-    def hook(snap):
-        calls.append(snap is not None)
-        return policy_writer(trainer, snap, "trainer", AutoTokenizer.from_pretrained(policy))
+    def hook(snap, folder):
+        calls.append(snap is not None and folder is not None)
+        return policy_writer(trainer, snap, folder, "trainer", AutoTokenizer.from_pretrained(policy))
 
     stall = checkpoints.save(1, _TrainerSource(trainer), hook)
     with torch.no_grad():

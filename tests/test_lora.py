@@ -250,7 +250,8 @@ def test_exports_load_with_transformers_and_with_peft(tiny, tmp_path):
 
     # the run's export (save_hf) and a checkpoint's (from the snapshot, on the writer thread)
     policy.save_hf(tmp_path / "final", tokenizer)
-    policy_writer(policy, snapshot({"trainer": policy.state_dict()}), "trainer", tokenizer)(tmp_path / "ckpt")
+    snap = snapshot({"trainer": policy.state_dict()})
+    policy_writer(policy, snap, tmp_path / "ckpt", "trainer", tokenizer)(tmp_path / "ckpt")
     for folder in (tmp_path / "final", tmp_path / "ckpt"):
         loaded = TorchTrainer(folder, CFG, WORLD, trainable=False)
         assert torch.allclose(loaded.logprobs(batch)[0], want, atol=1e-5)

@@ -29,9 +29,9 @@ from yatt.checkpoint.writer import (
 )
 from yatt.distributed import World
 
-# checkpoint.export_hf's hook: rank 0's replicated snapshot (None elsewhere) -> what the writer runs on the
-# staging dir's policy/ path, or None (yatt.checkpoint.export.policy_writer builds one)
-ExportHook = Callable[[Snapshot | None], Callable[[Path], None] | None]
+# checkpoint.export_hf's hook: rank 0's replicated snapshot and the staging dir's policy/ path (None, None
+# elsewhere) -> what the writer runs on that path, or None (yatt.checkpoint.export.policy_writer builds one)
+ExportHook = Callable[[Snapshot | None, Path | None], Callable[[Path], None] | None]
 
 
 class Stateful(Protocol):
@@ -170,9 +170,9 @@ class Checkpointer:
         """Snapshot now, write in the background; returns the seconds training was blocked.
 
         `export` (with checkpoint.export_hf): called on every rank, in this thread, with rank 0's snapshot of
-        the replicated state (None on other ranks), so it may gather a sharded model (a collective); what it
-        returns on rank 0 writes the policy folder into the staging dir (yatt.checkpoint.export.policy_writer).
-        Its time counts in the stall."""
+        the replicated state and the policy folder's path in the staging dir (None, None on other ranks), so it
+        may gather a sharded model (a collective) and write it there; what it returns on rank 0 writes the rest
+        of the policy folder (yatt.checkpoint.export.policy_writer). Its time counts in the stall."""
         start = time.perf_counter()
         self.writer.wait()  # the previous write, normally long finished: one write in flight at a time
         state = source.state_dict()
@@ -182,7 +182,8 @@ class Checkpointer:
             parts["shared"] = snapshot(shared)
         export_fn = None
         if self.cfg.export_hf and export is not None:
-            export_fn = export(parts.get("shared"))
+            folder = self.writer.staging_dir(step) / "policy" if self.world.is_main else None
+            export_fn = export(parts.get("shared"), folder)
             if not self.world.is_main:  # one policy folder per checkpoint, from rank 0
                 export_fn = None
         self.writer.submit(SaveJob(step, parts, self.fingerprint, export_fn))

@@ -209,10 +209,10 @@ class ControllerShard(ShardState):
     def export_policy(self, folder: Path) -> None:
         self.trainer.save_hf(folder, self.saved_with_weights)
 
-    def export_checkpoint(self, snap: Snapshot | None) -> PolicyWriter | None:
+    def export_checkpoint(self, snap: Snapshot | None, folder: Path | None) -> PolicyWriter | None:
         """checkpoint.export_hf's hook, on every rank at a save: what rank 0's background writer runs to write
         the policy as a Hugging Face folder (yatt.checkpoint.export.policy_writer: snapshot or gathered)."""
-        return policy_writer(self.trainer, snap, "trainer", self.saved_with_weights)
+        return policy_writer(self.trainer, snap, folder, "trainer", self.saved_with_weights)
 
     def close(self) -> None:
         self.rollouts.close()

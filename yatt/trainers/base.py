@@ -77,14 +77,15 @@ class Trainer(Protocol):
         trainer's checkpoint export finds them (rank 0's snapshot holds the whole policy). Replicated only."""
         ...
 
-    def gather_hf_weights(self) -> dict[str, Tensor] | None:
-        """Collective (every rank calls it): the whole policy under Hugging Face names as a host copy on rank 0
-        (never a view of live weights), None on the other ranks. A sharded trainer's checkpoint export and
-        `save_hf` gather its shards this way."""
+    def stream_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Collective (every rank reads it to the end): the whole policy under Hugging Face names on rank 0, a
+        decoder layer's weights one after the other, each gathered as it is reached (valid until the stream
+        goes on; other ranks may get nothing). A sharded trainer's checkpoint export and `save_hf` write its
+        shards this way (yatt.checkpoint.export.write_weights), so no rank holds the whole policy."""
         ...
 
     def gather_adapter(self) -> dict[str, Any] | None:
-        """Collective like `gather_hf_weights`: a host copy on rank 0 of the adapters as a snapshot's `state` holds
+        """Collective like `stream_hf_weights`: a host copy on rank 0 of the adapters as a snapshot's `state` holds
         them (what `save_adapter` takes), for a sharded trainer's checkpoint export; None elsewhere and without
         adapters."""
         ...

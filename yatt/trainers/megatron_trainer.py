@@ -48,6 +48,7 @@ from torch import Tensor
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
+from yatt.checkpoint.export import write_config, write_weights
 from yatt.distributed import World
 from yatt.models.vision import vision_parameter
 from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch
@@ -448,35 +449,33 @@ class MegatronTrainer:
     def hf_config(self) -> Any:
         return self._hf_config
 
-    def gather_hf_weights(self) -> dict[str, Tensor] | None:
-        """Collective (every rank of the world calls it): the whole policy under HF names as a contiguous host
-        copy on rank 0, None on the other ranks. Gathered unit by unit as for the engines (TP shards
-        all-gathered, PP stages broadcast) by the model-parallel group of rank 0 (data-parallel rank 0); the
-        other groups hold the same weights and return at once. A copy, never a view of a live parameter, so
-        training may go on while a checkpoint's writer writes it."""
+    def stream_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The policy unit by unit as for the engines (TP shards all-gathered, PP stages broadcast) by the
+        model-parallel group of rank 0 (data-parallel rank 0); the other groups hold the same weights and get
+        nothing."""
         from megatron.core import parallel_state as ps
 
         if ps.get_data_parallel_rank() != 0 and self.ep == 1:  # EP groups span data-parallel ranks: all gather
-            return None
-        weights: dict[str, Tensor] = {}
-        units = hf_units(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, self.world.device, self.ep)
-        for unit in units:
-            if self.world.is_main:
-                weights.update({k: torch.empty(v.shape, dtype=v.dtype).copy_(v) for k, v in unit.items()})
-        return weights if self.world.is_main else None
+            return
+        for unit in hf_units(self.gpt, self._hf_config, self.tp, self.pp, self.pp_rank, self.world.device, self.ep):
+            yield from unit.items()
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
-        """Collective (every rank calls it): the shards gathered (gather_hf_weights) into one HF folder, written
-        by rank 0 (a value model as a one-label token-classification model, the torch backend's critic)."""
-        weights = self.gather_hf_weights()
-        if weights is None:
+        """Collective (every rank calls it): the shards gathered unit by unit (stream_hf_weights) and written by
+        rank 0 file by file, with the config of the transformers class that loads them (a value model as a
+        one-label token-classification model, the torch backend's critic)."""
+        folder = Path(folder)
+        write_weights(folder if self.world.is_main else None, self.stream_hf_weights())
+        if not self.world.is_main:
             return
         auto = AutoModelForTokenClassification if self.head == "value" else AutoModelForCausalLM
         auto = AutoModelForImageTextToText if self.vision else auto
-        model = auto.from_config(self._hf_config, dtype=self.dtype)
-        model.load_state_dict(weights, strict=False)
-        model.save_pretrained(str(folder))
-        tokenizer.save_pretrained(str(folder))
+        with torch.device("meta"):  # the class's config and generation config, without its weights
+            model = auto.from_config(self._hf_config, dtype=self.dtype)
+        model.config.architectures = [type(model).__name__]
+        write_config(folder, model.config, tokenizer)
+        if model.can_generate():
+            model.generation_config.save_pretrained(str(folder))
 
     def save_adapter(self, folder: str | Path, state: dict[str, Any] | None = None) -> None:
         """No adapters (its registry entry says why not: yatt.trainers.megatron_config)."""

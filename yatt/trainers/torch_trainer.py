@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoConfig, AutoModelForTokenClassification
 
 from yatt.balance.micro_batches import micro_batch_rows
-from yatt.checkpoint.export import ADAPTER_DIR, export_hf
+from yatt.checkpoint.export import ADAPTER_DIR, write_config, write_weights
 from yatt.distributed import World
 from yatt.models.lora_config import LoRAConfig
 from yatt.models.routing import is_moe
@@ -404,15 +404,11 @@ class TorchTrainer:
         adapters = self.weights.host_adapters()
         return {self.weights.key: adapters} if adapters is not None and self.world.is_main else None
 
-    def gather_hf_weights(self) -> dict[str, Tensor] | None:
-        """Every rank holds the whole policy: a host copy of it on rank 0, None elsewhere."""
+    def stream_hf_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The policy one weight at a time (fsdp2: a gather per parameter, on every rank)."""
         if self.replicated and not self.world.is_main:
-            return None
-        weights = {}
-        for k, v in self.weights.named_weights():  # fsdp2: a gather per parameter, on every rank
-            if self.world.is_main:
-                weights[k] = torch.empty(v.shape, dtype=v.dtype).copy_(v)
-        return weights if self.world.is_main else None
+            return iter(())
+        return iter(self.weights.named_weights())
 
     @property
     def hf_config(self) -> Any:
@@ -420,13 +416,14 @@ class TorchTrainer:
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
         """The policy as a Hugging Face folder (with LoRA its layers merged, and its adapter in adapter/); with
-        fsdp2 a collective, gathered and written by rank 0."""
+        fsdp2 a collective, gathered one weight at a time and written file by file by rank 0."""
         if self.replicated:
             self.weights.save_hf(folder, tokenizer)
             return
-        weights = self.gather_hf_weights()
-        if weights is not None:
-            export_hf(Path(folder), weights, self.module.config, tokenizer)
+        folder = Path(folder)
+        write_weights(folder if self.world.is_main else None, self.stream_hf_weights())
+        if self.world.is_main:
+            write_config(folder, self.module.config, tokenizer)
             if self.module.can_generate():
                 self.module.generation_config.save_pretrained(str(folder))
-        self.weights.save_adapter(Path(folder) / ADAPTER_DIR, write=self.world.is_main)
+        self.weights.save_adapter(folder / ADAPTER_DIR, write=self.world.is_main)
