@@ -328,20 +328,24 @@ class TorchTrainer:
     def offload(self) -> dict:
         """Hand the device to another role: weights and optimizer state move to host memory.
 
-        On CPU they already live there; the report says what a GPU would have freed.
+        On CPU they already live there; the report says what a GPU would have freed. With fsdp2 the shards
+        move (FSDP2's modules re-register their sharded views when moved), or stay where cpu_offload keeps them.
         """
         nbytes = sum(t.numel() * t.element_size() for t in self._state_tensors())
-        if self.world.device.type == "cpu":
+        if self.world.device.type == "cpu" or self._host_resident:
             return {"moved_bytes": 0, "resident_bytes": nbytes, "freed_bytes": 0}
-        if self.sharded:  # moving the module would strand FSDP2's own views of the shards
-            raise ValueError("trainer.torch.parallel=fsdp2 cannot hand its GPU to another role yet (offload)")
         before = torch.cuda.memory_allocated(self.world.device)
         self._move_state(torch.device("cpu"))
         torch.cuda.empty_cache()
         return {"moved_bytes": nbytes, "freed_bytes": before - torch.cuda.memory_allocated(self.world.device)}
 
+    @property
+    def _host_resident(self) -> bool:
+        """fsdp2 with cpu_offload: shards and optimizer state live in host memory, only gathers use the GPU."""
+        return self.sharded and self.cfg.torch.cpu_offload
+
     def onload(self) -> dict:
-        if self.world.device.type == "cpu":
+        if self.world.device.type == "cpu" or self._host_resident:
             return {"moved_bytes": 0}
         self._move_state(self.world.device)
         return {"moved_bytes": sum(t.numel() * t.element_size() for t in self._state_tensors())}
