@@ -156,7 +156,7 @@ def main() -> int:
         "delta sync",
         "",
         f"{meta['date']}, commit {meta['commit']}: `{command}` (JSON: [weight_sync.json](weight_sync.json)).",
-        "One engine child process per row pair, two clients of it; a sync = the whole float32 policy in "
+        "One engine child process per model and engine, four clients of it; a sync = the whole float32 policy in "
         f"{meta['bucket_mb']} MB buckets + finish_sync; median of {args.repeats} alternating syncs. Load average "
         f"(1 min) {meta['load_average_1m'][0]} at the start, {meta['load_average_1m'][1]} at the end, on "
         f"{meta['cores']} cores.",
@@ -166,7 +166,7 @@ def main() -> int:
     ]
     for name, params, backend, transport, s, ratio, sent, socket in rows:
         lines.append(
-            f"| {name} | {params / 1e6:.2f}M | {backend} | {transport} | {s:.3f} | {ratio:.2f}x | {sent / 1e6:.3f} "
+            f"| {name} | {params / 1e6:.2f}M | {backend} | {transport} | {s:.4f} | {ratio:.2f}x | {sent / 1e6:.3f} "
             f"| {socket / 1e6:.3f} |"
         )
     Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
