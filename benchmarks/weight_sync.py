@@ -1,4 +1,4 @@
-"""Weight sync through the socket (zmq) and through shared memory (shm), side by side in one run.
+"""Weight sync through the socket (zmq), through shared memory (shm), and shm with the delta sync, side by side.
 
     OMP_NUM_THREADS=1 python benchmarks/weight_sync.py [--models quickstart,smollm2] [--engines hf,vllm] \
         [--repeats 3] [--out benchmarks/results/weight_sync]
@@ -6,10 +6,14 @@
 Per model and engine backend, one real engine child process (`spawn_engine`, as a training run starts it) and
 two clients of it, one per transport (`rollout.engine.weight_transport`: zmq, shm); each sync sends the whole
 policy as the trainer holds it (float32, Hugging Face names, default 256 MB buckets) and ends with
-`finish_sync`, as `EngineServices.push_weights` does. The transports alternate (zmq, shm, zmq, shm, ...) so
-that a slow moment of the machine hits both; the table shows each one's median sync seconds and the bytes its
-RPC client put through the socket. A rank syncs only its own engines, so one rank measures the path; more
-ranks on the same cores would only share them.
+`finish_sync`, as `EngineServices.push_weights` does. Two more shm clients sync with the delta sync
+(rollout.engine.delta_sync, yatt/engines/delta.py), given the trainer's versions: "delta, unchanged" a policy that
+did not step since (PPO's critic warm-up, a skipped step: where it pays), "delta, all changed" one whose every
+tensor changed (a full fine-tune step: what it costs when it cannot pay). The variants alternate (zmq, shm, ...,
+zmq, shm, ...) so that a slow moment of the machine hits all; the table shows each one's median sync seconds, the
+MB it sent and the bytes its RPC client put through the socket. All clients send the same file's tensors to one
+engine, so what one delta client holds is never made stale by another. A rank syncs only its own engines, so one
+rank measures the path; more ranks on the same cores would only share them.
 
 Models (nothing is downloaded):
 - quickstart: a random tiny Qwen2 of the quickstart policy's shape (`yatt.models.tiny`, 0.79M params);
@@ -44,9 +48,11 @@ from safetensors.torch import load_file  # noqa: E402
 from yatt.engines.client import connect_engine, spawn_engine  # noqa: E402
 from yatt.engines.config import EngineConfig  # noqa: E402
 from yatt.models.tiny import build_char_tokenizer, write_tiny_model  # noqa: E402
+from yatt.tensors import WeightVersions  # noqa: E402
 from yatt.transport.codec import new_secret  # noqa: E402
 
-TRANSPORTS = ("zmq", "shm")
+UNCHANGED, CHANGED = "shm, delta, unchanged", "shm, delta, all changed"
+TRANSPORTS = ("zmq", "shm", UNCHANGED, CHANGED)  # the variants (the first two: transports, full syncs)
 
 
 def engine_cfg(backend: str) -> EngineConfig:
@@ -59,26 +65,33 @@ def measure(model: Path, backend: str, repeats: int, log: Path) -> dict[str, dic
     secret = new_secret()
     cfg = engine_cfg(backend)
     owner = spawn_engine(model, cfg.model_copy(update={"weight_transport": "zmq"}), 0, log, secret=secret)
-    clients = {
-        "zmq": owner,
-        "shm": connect_engine(owner.endpoint, secret, cfg.model_copy(update={"weight_transport": "shm"})),
+    shm = cfg.model_copy(update={"weight_transport": "shm"})
+    clients = {"zmq": owner, **{v: connect_engine(owner.endpoint, secret, shm) for v in TRANSPORTS[1:]}}
+    syncs = iter(range(1 << 30))
+    versions = {  # the trainer's versions: none (a full sync), fixed (no step since), new at every sync
+        "zmq": lambda: None,
+        "shm": lambda: None,
+        UNCHANGED: lambda: WeightVersions(default=0),
+        CHANGED: lambda: WeightVersions(default=next(syncs)),
     }
-    out: dict[str, dict[str, list[float]]] = {t: {"seconds": [], "socket_bytes": []} for t in TRANSPORTS}
+    out = {t: {"seconds": [], "socket_bytes": [], "sent_bytes": []} for t in TRANSPORTS}
     try:
-        for transport in TRANSPORTS:  # warm-up: transport choice, first-touch of the engine's code paths
-            clients[transport].update_weights(weights)
-            clients[transport].finish_sync()
+        for variant in TRANSPORTS:  # warm-up: transport choice, first-touch of the engine's code paths, first delta
+            clients[variant].update_weights(weights, versions[variant]())
+            clients[variant].finish_sync()
         for _ in range(repeats):
-            for transport in TRANSPORTS:
-                client = clients[transport]
+            for variant in TRANSPORTS:
+                client = clients[variant]
                 sent0, t0 = client._rpc.sent_bytes, time.perf_counter()
-                client.update_weights(weights)
+                sent = client.update_weights(weights, versions[variant]())["sent_bytes"]
                 client.finish_sync()
-                out[transport]["seconds"].append(time.perf_counter() - t0)
-                out[transport]["socket_bytes"].append(client._rpc.sent_bytes - sent0)
+                out[variant]["seconds"].append(time.perf_counter() - t0)
+                out[variant]["socket_bytes"].append(client._rpc.sent_bytes - sent0)
+                out[variant]["sent_bytes"].append(sent)
         assert owner.health()["ok"]
     finally:
-        clients["shm"].close()
+        for variant in TRANSPORTS[1:]:
+            clients[variant].close()
         owner.close()
     return out
 
@@ -109,6 +122,7 @@ def main() -> int:
                 zmq_s = statistics.median(got["zmq"]["seconds"])
                 for transport in TRANSPORTS:
                     s = statistics.median(got[transport]["seconds"])
+                    sent = statistics.median(got[transport]["sent_bytes"])
                     row = (
                         name,
                         params,
@@ -116,10 +130,12 @@ def main() -> int:
                         transport,
                         s,
                         s / zmq_s,
+                        sent,
                         statistics.median(got[transport]["socket_bytes"]),
                     )
                     rows.append(row)
-                    print(f"  {transport}: {s:.3f} s ({s / zmq_s:.2f}x zmq), {row[-1] / 1e6:.2f} MB through the socket")
+                    print(f"  {transport}: {s:.3f} s ({s / zmq_s:.2f}x zmq), {sent / 1e6:.2f} MB sent, "
+                          f"{row[-1] / 1e6:.2f} MB through the socket")  # fmt: skip
     command = "OMP_NUM_THREADS=1 python benchmarks/weight_sync.py " + " ".join(
         f"--{k} {v}" for k, v in (("models", args.models), ("engines", args.engines), ("repeats", args.repeats))
     )
@@ -136,20 +152,22 @@ def main() -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(f"{args.out}.json").write_text(json.dumps({**meta, "results": raw}, indent=2) + "\n")
     lines = [
-        "# Weight sync: zmq (tensors in the RPC message) vs shm (shared memory, a descriptor on the socket)",
+        "# Weight sync: zmq (tensors in the RPC message) vs shm (shared memory, a descriptor on the socket), and the "
+        "delta sync",
         "",
         f"{meta['date']}, commit {meta['commit']}: `{command}` (JSON: [weight_sync.json](weight_sync.json)).",
-        "One engine child process per row pair, two clients of it; a sync = the whole float32 policy in "
+        "One engine child process per model and engine, four clients of it; a sync = the whole float32 policy in "
         f"{meta['bucket_mb']} MB buckets + finish_sync; median of {args.repeats} alternating syncs. Load average "
         f"(1 min) {meta['load_average_1m'][0]} at the start, {meta['load_average_1m'][1]} at the end, on "
         f"{meta['cores']} cores.",
         "",
-        "| model | params | engine | transport | sync s (median) | vs zmq | MB through the socket |",
-        "|---|---|---|---|---|---|---|",
+        "| model | params | engine | variant | sync s (median) | vs zmq | MB sent | MB through the socket |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for name, params, backend, transport, s, ratio, sent in rows:
+    for name, params, backend, transport, s, ratio, sent, socket in rows:
         lines.append(
-            f"| {name} | {params / 1e6:.2f}M | {backend} | {transport} | {s:.3f} | {ratio:.2f}x | {sent / 1e6:.3f} |"
+            f"| {name} | {params / 1e6:.2f}M | {backend} | {transport} | {s:.4f} | {ratio:.2f}x | {sent / 1e6:.3f} "
+            f"| {socket / 1e6:.3f} |"
         )
     Path(f"{args.out}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

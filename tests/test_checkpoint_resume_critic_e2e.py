@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 
 pytestmark = pytest.mark.engine
 # wall-clock measurements, the only fields allowed to differ
-TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_busy_s")
+# (and sync/, what the weight syncs sent the engines: a resumed run first pushes the policy to its new engines)
+TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_busy_s", "sync/")
 PPO = (
     ONE_TOKEN_GRPO.replace(
         "algorithm: {mini_batches: 2}", "algorithm: {mini_batches: 2, advantage: {kind: gae, lam: 0.95}}"

@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine
 STEPS = 6
 # wall-clock measurements (per-device role times, engine busy time), the only fields allowed to differ
-TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_busy_s")
+# (and sync/, what the weight syncs sent the engines: a resumed run first pushes the policy to its new engines)
+TIMING = ("time/", "perf/", "placement/", "device", "load/", "genrm/judged_per_busy_s", "sync/")
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ VOLATILE = (
     "placement/switch_s",
     "placement/idle_frac",
     "placement/engine_restarts",
+    "sync/",  # what the weight syncs sent: a restarted engine is sent the whole policy
     "async/wait_s",
     "async/producer_busy_s",
     "async/queue_depth",

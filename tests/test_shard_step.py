@@ -269,6 +269,27 @@ def test_sync_every_keeps_the_engines_stale_between_syncs(shard):
     assert engine.updates
 
 
+@pytest.mark.parametrize("delta", [True, False])
+def test_a_step_that_does_not_train_the_policy_syncs_nothing_with_delta_sync(tmp_path, delta):
+    """PPO's critic warm-up: the policy does not step, so the delta sync (rollout.engine.delta_sync) sends its
+    engine nothing; the first sync (the engine holds model.path, of which the client knows nothing) and a trained
+    step's send everything."""
+    ppo = ["algorithm.advantage.kind=gae", "critic.warmup_steps=2", f"rollout.engine.delta_sync={delta}"]
+    with fake_shard(tmp_path, *ppo) as (shard, [engine]):
+        full = round(sum(t.numel() * 4 for _, t in shard.trainer.named_weights()) / 2**20, 6)
+        sent = []
+        for step in (1, 2, 3):
+            metrics = shard.step(step).metrics
+            sent.append((round(metrics["sync/sent_mb"], 6), round(metrics["sync/skipped_mb"], 6), len(engine.updates)))
+        pushed = {k: v for update in engine.updates for k, v in update.items()}
+        assert all(torch.equal(pushed[k], t) for k, t in shard.trainer.named_weights())  # the engine holds the policy
+    calls = sent[0][2]  # update_weights calls of one whole sync
+    if delta:
+        assert sent == [(full, 0.0, calls), (0.0, full, calls), (full, 0.0, 2 * calls)]
+    else:
+        assert sent == [(full, 0.0, calls), (full, 0.0, 2 * calls), (full, 0.0, 3 * calls)]
+
+
 @pytest.mark.parametrize("shard", [["algorithm.advantage.kind=remax"]], indirect=True)
 def test_remax_baseline_is_the_greedy_reward_of_each_prompt(shard, monkeypatch):
     shard, _ = shard

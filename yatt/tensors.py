@@ -1,4 +1,5 @@
-"""The types several layers share: token batches, loss functions, named weights, dtypes, weight buckets.
+"""The types several layers share: token batches, loss functions, named weights, their versions, dtypes, weight
+buckets.
 
 Nothing here imports another yatt module, so algorithms, balance, checkpoint, data, engines, trainers and the
 controllers can all speak these types without importing each other (docs/architecture.md has the layering).
@@ -17,7 +18,7 @@ routing replay).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -26,6 +27,20 @@ from torch import Tensor
 NamedTensors = list[tuple[str, torch.Tensor]]  # weights under Hugging Face parameter names
 # the config's dtype names (engine.dtype, trainer.dtype) -> torch dtypes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WeightVersions:
+    """The version of each weight a sync sends: a number that changes whenever the tensor the trainer sends under
+    that name may have changed, so that an engine which acknowledged a name at a version holds those bytes (the delta
+    sync, yatt.engines.delta). `named`: per Hugging Face name; `default`: every other name's (None: unknown, always
+    sent). Numbers come from one trainer and mean nothing to another."""
+
+    named: Mapping[str, int] = field(default_factory=dict)
+    default: int | None = None
+
+    def __call__(self, name: str) -> int | None:
+        return self.named.get(name, self.default)
 
 
 @dataclass

@@ -97,9 +97,9 @@ if _SPEC and os.environ.get("RANK") == "0":
         kill("train", ROLLOUT)
         return update(*args, **kwargs)
 
-    def traced_push_weights(self, buckets):
+    def traced_push_weights(self, buckets, versions=None):
         kill("sync", ROLLOUT)
-        return push_weights(self, buckets)
+        return push_weights(self, buckets, versions)
 
     ControllerShard.step, ControllerShard.evaluate = traced_step, traced_evaluate
     ControllerShard.produce = traced_produce

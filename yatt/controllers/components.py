@@ -71,7 +71,15 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
             norm_length=cfg.rollout.max_new_tokens,
         )
     bucket_bytes = cfg.rollout.engine.weight_bucket_mb << 20  # the engines load the policy in buckets this big
-    engines = EngineServices(cfg, world, run_dir, spawn, policy_weights=lambda: trainer.engine_weights(bucket_bytes))
+    engines = EngineServices(
+        cfg,
+        world,
+        run_dir,
+        spawn,
+        policy_weights=lambda: trainer.engine_weights(bucket_bytes),
+        # the delta sync (rollout.engine.delta_sync); a plug-in trainer without versions gets whole syncs
+        policy_versions=getattr(trainer, "weight_versions", None),
+    )
     return Components(
         tokenizer=load_tokenizer(cfg.model.path),
         trainer=trainer,

@@ -180,12 +180,16 @@ class RolloutSchedule(abc.ABC):
     ) -> dict[str, float]:
         """Per-device time per role and idle fraction, judge throughput and queue (step_placement_metrics; sums
         over `data`, the data-parallel ranks); looks restarted engines up again, and picks the next step's split.
-        `teacher`: the run serves a distillation teacher (its engines' pool metrics)."""
+        `teacher`: the run serves a distillation teacher (its engines' pool metrics). sync/sent_mb and
+        sync/skipped_mb: what the step's weight syncs sent every device's rollout engines and left out (the delta
+        sync: what they held already)."""
         where = self.where
         busy = {**batch.busy, "train": timer.seconds["logprobs"] + timer.seconds["update"]}
         restarts, owned = where.engines.take_restarts(), where.placement.take_metrics()
         parts = (busy, owned, restarts, batch.restarted, batch.stats, self.split(step), timer.total, judges)
         out = step_placement_metrics(data, where.world, *parts, batch.rollouts, teacher=teacher)
+        synced = where.engines.take_synced()  # every device's rollout engines: MB the weight syncs sent, left out
+        out.update(summed(where.world, {f"sync/{k.partition('_')[0]}_mb": v / 2**20 for k, v in synced.items()}))
         if out["placement/engine_restarts"]:
             with self.engines:
                 where.engines.forget_endpoints()

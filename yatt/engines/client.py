@@ -26,6 +26,7 @@ import torch
 import yatt
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.config import EngineConfig
+from yatt.engines.delta import HeldWeights, Versions
 from yatt.engines.server import advertised_address
 from yatt.registry import is_import_path
 from yatt.tensors import DTYPES, weight_buckets
@@ -149,6 +150,7 @@ class EngineClient:
         self._closed = False
         self._rpc = RpcClient(endpoint, secret, cfg.request_timeout_s, liveness=self._check_alive)
         self._weights: WeightTransport | None = None  # chosen at the first update (auto probes the engine)
+        self.held = HeldWeights()  # what the engine acknowledged, by version (the delta sync)
         atexit.register(self.close)
 
     @property
@@ -235,7 +237,9 @@ class EngineClient:
             results.update((int(key), comps) for key, comps in done)
         return [results[i] for i in range(len(prompts))]
 
-    def update_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(
+        self, named_tensors: list[tuple[str, torch.Tensor]], versions: Versions | None = None
+    ) -> dict[str, int]:
         """Send weights in layer-aligned buckets of at most ``weight_bucket_mb`` MB, one RPC each, through the
         weight transport (`weight_transport`: the tensors inside the message, or a shared-memory segment).
 
@@ -243,19 +247,35 @@ class EngineClient:
         engine keeps, except float64 ones (exact scalars such as a LoRA adapter's scaling: no weight is float64);
         each bucket is applied before the next is sent, bounding extra memory. Call `finish_sync` after the
         last bucket of a sync (shm keeps its one segment, at most a bucket, until `close`: yatt.transport.weights.shm).
+
+        `versions` (yatt.tensors.WeightVersions: the trainer's version of each tensor): with `delta_sync` the
+        tensors the engine already acknowledged at that version are left out (yatt.engines.delta), and what the
+        engine applies is recorded at it. Returns the bytes sent and left out, in the engine's dtypes.
         """
         engine = DTYPES[self.cfg.dtype]
         cast = lambda t: engine if t.is_floating_point() and t.dtype != torch.float64 else t.dtype
         named_tensors = list(named_tensors)
+        nbytes = lambda ts: sum(t.numel() * cast(t).itemsize for _, t in ts)
+        if versions is not None and self.cfg.delta_sync:
+            held = self.held.held(named_tensors, versions)
+            skipped = nbytes(t for t in named_tensors if t[0] in held)
+            named_tensors = [t for t in named_tensors if t[0] not in held]
+        else:
+            skipped = 0
         # bucketed by the bytes each tensor has in the engine's dtype (meta tensors: sizes without copies)
         sized = [(name, torch.empty(t.shape, dtype=cast(t), device="meta")) for name, t in named_tensors]
-        transport = self.weight_transport()
         buckets = list(weight_buckets(sized, self.cfg.weight_bucket_mb * (1 << 20)))
-        transport.begin(buckets)
+        if buckets:
+            transport = self.weight_transport()
+            transport.begin(buckets)
         start = 0
         for bucket in buckets:
             part, start = named_tensors[start : start + len(bucket)], start + len(bucket)
+            names = [name for name, _ in part]
+            self.held.sending(names)
             self._call("update_weights", **transport.pack(part, cast))
+            self.held.acknowledged(names, versions)
+        return {"sent_bytes": nbytes(named_tensors), "skipped_bytes": skipped}
 
     def finish_sync(self) -> None:
         """The sync is over: the weight transport frees what only a sync needs (shm: nothing, its segment is reused)."""

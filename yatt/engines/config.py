@@ -73,6 +73,14 @@ class EngineConfig(BackendChoice):
         "through the socket) or auto: shm when the engine's address is on this host and a probe of /dev/shm "
         "succeeds, else zmq. docs/performance.md#weight-sync.",
     )
+    delta_sync: bool = Field(
+        True,
+        description="Send an engine only the tensors it does not already hold: a tensor is left out when the engine "
+        "acknowledged it at the trainer's current version of it (bit for bit the same bytes); a new or restarted "
+        "engine, and a tensor whose update failed, get it whole. It pays when the policy did not step between two "
+        "syncs (PPO's critic warm-up, a step skipped for a non-finite gradient norm); a full fine-tune step changes "
+        "every trained tensor. docs/performance.md#delta-sync.",
+    )
 
     bind: str = Field(
         "127.0.0.1",

@@ -25,7 +25,7 @@ from yatt.engines.resume import Preemption, ResumingPool
 from yatt.genrm.judge import judge_engine
 from yatt.genrm.teacher import TEACHER, teacher_engine
 from yatt.placement.ownership import HookRole
-from yatt.tensors import NamedTensors
+from yatt.tensors import NamedTensors, WeightVersions
 from yatt.transport.secret import run_secret
 
 ROLLOUT = "rollout"
@@ -43,6 +43,8 @@ def derive_secret(run_secret: bytes, role: str, rank: int) -> bytes:
 Spawn = Callable[..., EngineClient]
 # () -> the policy's current weights, in buckets (the factory binds the trainer's engine_weights)
 PolicyWeights = Callable[[], Iterator[NamedTensors]]
+# () -> the versions of those weights (the trainer's weight_versions: the delta sync)
+PolicyVersions = Callable[[], WeightVersions]
 
 
 class EngineServices:
@@ -55,11 +57,14 @@ class EngineServices:
         run_dir: Path,
         spawn: Spawn = spawn_engine,
         policy_weights: PolicyWeights | None = None,
+        policy_versions: PolicyVersions | None = None,
     ):
         """`policy_weights`: what `push_policy` pushes, and what a rollout engine restarted mid-run is loaded
-        with; None (no trainer, e.g. a test of the engines alone): a restarted engine serves model.path."""
+        with; None (no trainer, e.g. a test of the engines alone): a restarted engine serves model.path.
+        `policy_versions`: their versions, with which each engine client leaves out what its engine holds already
+        (rollout.engine.delta_sync, yatt.engines.delta); None: every push is whole."""
         self.cfg, self.world, self.run_dir, self.spawn = cfg, world, run_dir, spawn
-        self.policy_weights = policy_weights
+        self.policy_weights, self.policy_versions = policy_weights, policy_versions
         self.preemption: Preemption | None = None  # set by a schedule that pushes while rollouts are in flight
         self.run_secret = run_secret(world, run_dir)
         # Several rollout engines per device are roles rollout, rollout-1, ...; pools route among all of them.
@@ -86,7 +91,9 @@ class EngineServices:
         self._counting = threading.Lock()  # an ahead schedule's producer restarts engines too
         # keep_pushed(): a host copy of the weights last pushed, which a restarted engine is loaded with
         self.pushed: list[NamedTensors] | None = None
+        self.pushed_versions: WeightVersions | None = None  # the versions of `pushed`
         self.keeps_pushed = False
+        self.synced = {"sent_bytes": 0, "skipped_bytes": 0}  # by the rollout engines' pushes since take_synced
         self.behind = False  # push_policy(load=False): the rollout engines load `pushed` when they next wake
         for role in self.specs:  # from model.path: the policy before any step (a resume pushes its own)
             self._start(role, restart=False)
@@ -102,10 +109,15 @@ class EngineServices:
         )
         self.local[role] = client
         if restart and role in self.rollout_roles and self.policy_weights is not None:
-            # keeping a copy, the engines' version is the last push (none yet: model.path, as they started)
+            # keeping a copy, the engines' version is the last push (none yet: model.path, as they started); a new
+            # client knows nothing its engine holds, so this push is whole (yatt.engines.delta)
+            if self.keeps_pushed:
+                buckets, versions = self.pushed or [], self.pushed_versions
+            else:
+                buckets, versions = self.policy_weights(), self._versions()
             try:
-                for bucket in (self.pushed or []) if self.keeps_pushed else self.policy_weights():
-                    client.update_weights(bucket)
+                for bucket in buckets:
+                    self._count_synced(client.update_weights(bucket, versions))
             finally:
                 client.finish_sync()
         self.world.publish(f"engine/{role}/{self.world.rank}", client.endpoint)
@@ -126,25 +138,42 @@ class EngineServices:
         load=False (with keep_pushed): only the host copy is taken (a sharded trainer's gather still runs on every
         rank), and the engines load it when they next wake (`catch_up`): for a device that judges for other ranks
         while they push, whose rollout engines are asleep and whose judges must not be put to sleep."""
+        versions = self._versions()  # before the weights: the trainer does not step during a push
         buckets = self.policy_weights()
         if self.keeps_pushed:
             buckets = self.pushed = [[(name, t.detach().to("cpu", copy=True)) for name, t in b] for b in buckets]
+            self.pushed_versions = versions
         if not load:
             if not self.keeps_pushed:
                 raise RuntimeError("push_policy(load=False) needs keep_pushed(): the engines load the kept copy later")
             self.behind = True
             return
-        self.push_weights(buckets)
+        self.push_weights(buckets, versions)
         self.behind = False
 
     def catch_up(self) -> None:
         """Load the weights last pushed into this rank's rollout engines if a push only kept them (load=False)."""
         if self.behind:
             self.behind = False
-            self.push_weights(self.pushed or [])
+            self.push_weights(self.pushed or [], self.pushed_versions)
 
-    def push_weights(self, buckets: Iterator[NamedTensors]) -> None:
-        """Load the policy's weights into this rank's rollout engines, one bucket at a time.
+    def _versions(self) -> WeightVersions | None:
+        return self.policy_versions() if self.policy_versions is not None else None
+
+    def _count_synced(self, sent: dict[str, int]) -> None:
+        with self._counting:
+            for key in self.synced:
+                self.synced[key] += sent[key]
+
+    def take_synced(self) -> dict[str, int]:
+        """Bytes the rollout engines' weight pushes sent and left out (the delta sync) since the last call."""
+        with self._counting:
+            out, self.synced = self.synced, dict.fromkeys(self.synced, 0)
+        return out
+
+    def push_weights(self, buckets: Iterator[NamedTensors], versions: WeightVersions | None = None) -> None:
+        """Load the policy's weights into this rank's rollout engines, one bucket at a time; each engine's client
+        leaves out what its engine acknowledged at `versions` already (rollout.engine.delta_sync).
 
         An engine whose update fails (it exits: a half-loaded engine must not serve) or that died is
         restarted, and `_start` pushes it the whole current policy; a second failure is the run's error."""
@@ -155,7 +184,7 @@ class EngineServices:
                     if role in failed:
                         continue
                     try:
-                        self.local[role].update_weights(bucket)
+                        self._count_synced(self.local[role].update_weights(bucket, versions))
                     except Exception as e:
                         print(
                             f"warning: rank {self.world.rank}: weight update of engine {role} failed "

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from yatt.tensors import LossFn, NamedTensors, TokenBatch
+from yatt.tensors import LossFn, NamedTensors, TokenBatch, WeightVersions
 
 
 class Trainer(Protocol):
@@ -64,6 +64,12 @@ class Trainer(Protocol):
         """The policy's weights under Hugging Face names, in buckets of about `bucket_bytes` that never
         split a decoder layer (engines reload fused modules whole). A sharded backend gathers its shards
         bucket by bucket, so no rank holds the whole model twice."""
+        ...
+
+    def weight_versions(self) -> WeightVersions:
+        """The version of each tensor `engine_weights` gives, which changes whenever that tensor may have (an
+        optimizer step that updated it, a checkpoint load): the delta sync (rollout.engine.delta_sync) leaves out
+        what an engine acknowledged at its current version. Cheap: nothing is gathered or read."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ other weight. What the rest of yatt sees:
   yatt.models.lora), what an export writes;
 - `engine_weights()`: what the weight sync sends, per `model.lora.sync`: the merged weights of the adapted modules
   only (and the other members of a fused q/k/v or gate/up group, which an engine reloads whole), or the adapters;
+  `versions()` their versions for a delta sync (a merged weight's are its A's and B's, the frozen base's never change);
 - `save_adapter()`: peft's adapter folder (adapter_model.safetensors + adapter_config.json);
 - `reference()`: the frozen reference, the same trainer with its adapter off (`AdapterOff`).
 """
@@ -29,10 +30,11 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from yatt.checkpoint.export import ADAPTER_DIR, export_hf
-from yatt.models.lora import FUSED, A, B, adapter_update, merged_weight
+from yatt.models.lora import FUSED, SCALING, A, B, adapter_update, merged_weight
 from yatt.models.lora_config import LoRAConfig
 from yatt.tensors import NamedTensors
 from yatt.trainers.sharding import full, local
+from yatt.trainers.weights import WeightChanges
 
 ADAPTER = "default"  # peft's name of the one adapter
 PEFT_PREFIX = "base_model.model."  # where peft's PeftModel keeps the Hugging Face model
@@ -186,6 +188,21 @@ class Adapters:
             for module in self.sent
             for name, t in by_module[module]
         ]
+
+    def versions(self, changes: WeightChanges) -> dict[str, int]:
+        """The versions of what `engine_weights` sends: an adapter's A and B as they changed, a merged weight as its
+        A or B last did; the base (and a scaling) never changes, version 0."""
+        a = {name: changes.of(layer.lora_A[ADAPTER].weight) for name, layer in self.layers.items()}
+        b = {name: changes.of(layer.lora_B[ADAPTER].weight) for name, layer in self.layers.items()}
+        if self.cfg.sync == "adapter":
+            return {k: v for m in self.layers for k, v in ((m + A, a[m]), (m + B, b[m]), (m + SCALING, 0))}
+        sent = set(self.sent)
+        names = [hf_name(n) for n, _ in self.module.named_parameters() if ".lora_" not in n]
+        return {
+            name: max(a[module], b[module]) if module in self.layers and name == f"{module}.weight" else 0
+            for name in names
+            if (module := name.rpartition(".")[0]) in sent
+        }
 
     def save_hf(self, folder: str | Path, tokenizer: Any) -> None:
         """What save_pretrained writes, with the adapted layers merged, and peft's adapter folder in adapter/."""

@@ -51,7 +51,7 @@ from yatt.balance.micro_batches import micro_batch_rows
 from yatt.checkpoint.export import write_config, write_weights
 from yatt.distributed import World
 from yatt.models.vision import vision_parameter
-from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch
+from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, WeightVersions
 from yatt.trainers import megatron_compat as compat
 from yatt.trainers import megatron_model as mm
 from yatt.trainers import megatron_vision as mv
@@ -134,6 +134,9 @@ class MegatronTrainer:
         self.share_prompts = self.packed and cfg.share_prompts
         self.optimizer = None
         self.optimizer_steps = 0
+        # the weights' version (weight_versions): every weight changes at an optimizer step (megatron's optimizer
+        # writes the whole parameter buffer) and at a checkpoint load
+        self.weight_changes = 0
         with compat.on_cpu():
             init_model_parallel(self.tp, self.pp, self.ep)
             if cfg.backend_config.host_collectives and self.tp > 1:
@@ -393,6 +396,7 @@ class MegatronTrainer:
         self._replay(batch, outputs, loss_fn)
         with compat.on_cpu():
             grad_norm = self._clip_and_step()
+        self.weight_changes += math.isfinite(grad_norm)  # a non-finite norm skipped the update: nothing changed
         self.optimizer_steps += 1
         lr = self._set_lr(self.optimizer_steps)
         if self.expert_load is not None:  # a collective over every rank
@@ -444,6 +448,10 @@ class MegatronTrainer:
         if not self.frozen_vision:
             return buckets
         return (kept for b in buckets if (kept := [(k, t) for k, t in b if not vision_parameter(k)]))
+
+    def weight_versions(self) -> WeightVersions:
+        """One version for every weight (`weight_changes`): a delta sync skips only a sync with no step before it."""
+        return WeightVersions(default=self.weight_changes)
 
     @property
     def hf_config(self) -> Any:
@@ -522,6 +530,7 @@ class MegatronTrainer:
             raise ValueError("checkpoint shard does not fit this model")
         for name, p in params.items():
             p.copy_(state["model"][name])
+        self.weight_changes += 1
         self.optimizer_steps = state["optimizer_steps"]
         if self.trainable:
             for opt, saved in zip(self._optimizers(), state["optimizer"]):

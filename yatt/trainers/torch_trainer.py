@@ -36,7 +36,7 @@ from yatt.distributed import World
 from yatt.models.lora_config import LoRAConfig
 from yatt.models.routing import is_moe
 from yatt.models.vision import is_vision_model, load_policy, vision_parameter
-from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, weight_buckets
+from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, WeightVersions, weight_buckets
 from yatt.trainers.base import Trainer
 from yatt.trainers.config import TrainerConfig
 from yatt.trainers.lora import Adapters
@@ -45,7 +45,7 @@ from yatt.trainers.packing import ModelInputs, attention_implementation, model_i
 from yatt.trainers.scoring import TokenScorer, ValueScorer, image_slots
 from yatt.trainers.sharding import full, fully_shard_model, like, local
 from yatt.trainers.torch_config import TorchConfig
-from yatt.trainers.weights import HOLDS, FullWeights, Weights
+from yatt.trainers.weights import HOLDS, FullWeights, WeightChanges, Weights
 
 HEADS = ("lm", "value")
 
@@ -132,6 +132,7 @@ class TorchTrainer:
         self.model: torch.nn.Module = self.scorer  # what forward/backward runs: the scorer, or DDP around it
         self.optimizer = self.scheduler = None
         self.optimizer_steps = 0
+        self.changes = WeightChanges()  # which weights changed when (weight_versions: the delta sync)
         # fsdp2: each rank a shard of every weight (yatt.trainers.sharding); a frozen reference too
         self.sharded = own.parallel == "fsdp2" and world.grouped
         self.replicated = not self.sharded
@@ -293,6 +294,7 @@ class TorchTrainer:
         grad_norm = float(full(norm))  # fsdp2: the norm over every rank's shards
         if math.isfinite(grad_norm):
             self.optimizer.step()
+            self.changes.stepped(self.weights.parameters())  # those with a gradient: the others are untouched
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.optimizer_steps += 1
@@ -368,6 +370,11 @@ class TorchTrainer:
         adapted modules or the adapters alone (model.lora.sync)."""
         return weight_buckets(self.weights.engine_weights(), bucket_bytes)
 
+    def weight_versions(self) -> WeightVersions:
+        """The versions of what `engine_weights` sends (yatt.trainers.weights.WeightChanges): a trained weight's
+        changes at each optimizer step that gave it a gradient, every weight's at a checkpoint load."""
+        return WeightVersions(self.weights.versions(self.changes))
+
     def state_dict(self) -> dict:
         """Live references (no copies) to what resuming needs: the weights' piece under its key ("model": under
         HF names, tied weights once; "adapter": LoRA's alone, the base is model.path's), AdamW state, the lr
@@ -385,6 +392,7 @@ class TorchTrainer:
             raise ValueError(f"the checkpoint holds {saved}, but this policy trains {HOLDS[self.weights.key]} "
                              "(model.lora)")  # fmt: skip
         self.weights.load_state(state[self.weights.key])
+        self.changes.all_changed()
         self.optimizer_steps = state["optimizer_steps"]
         if self.trainable:
             self.optimizer.load_state_dict(state["optimizer"])

@@ -3,9 +3,10 @@
 The torch trainer's model chain (yatt.trainers.torch_trainer: load -> freeze -> weights -> checkpointing -> data
 parallel -> optimizer) asks one `Weights` object, chosen once when the module is built, everything that differs
 between training every weight and training LoRA adapters: the optimizer's parameters, the weights under Hugging
-Face names (export, sync), what engines reload, the checkpoint's piece (under `key`), an export's extra files,
-and a reference model for free. `FullWeights` is the default; `yatt.trainers.lora.Adapters` is LoRA. The trainer
-never asks which one it holds.
+Face names (export, sync), what engines reload and the versions of those (the delta sync), the checkpoint's piece
+(under `key`), an export's extra files, and a reference model for free. `FullWeights` is the default;
+`yatt.trainers.lora.Adapters` is LoRA. The trainer never asks which one it holds. `WeightChanges` is the trainer's
+record of which parameters changed when, which `Weights.versions` reads.
 """
 
 from __future__ import annotations
@@ -22,6 +23,36 @@ from yatt.trainers.sharding import full, local
 
 # what a checkpoint's weights piece holds, by its key (for the error when a checkpoint and the config disagree)
 HOLDS = {"model": "all weights", "adapter": "LoRA adapters"}
+
+
+class WeightChanges:
+    """When each trained parameter last changed, as a count of the trainer's changes: what a delta sync compares
+    (yatt.tensors.WeightVersions, yatt.engines.delta).
+
+    The trainer calls `stepped` after each optimizer step it takes (a step skipped for a non-finite gradient norm
+    changes nothing) and `all_changed` whenever weights are written otherwise (a checkpoint load). `stepped` marks
+    the parameters that had a gradient: AdamW leaves a parameter without one untouched, bit for bit (and a frozen
+    one is never in the optimizer). Anything else that writes a trained parameter must call `all_changed`, or an
+    engine keeps the old bytes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed: dict[Tensor, int] = {}  # parameter -> the count at its last change
+        self.everything = 0  # the count at the last `all_changed`
+
+    def stepped(self, params: Iterable[Tensor]) -> None:
+        self.count += 1
+        for p in params:
+            if p.grad is not None:
+                self.changed[p] = self.count
+
+    def all_changed(self) -> None:
+        self.count += 1
+        self.everything = self.count
+
+    def of(self, p: Tensor) -> int:
+        """The version of `p`: 0 for one never changed (as loaded)."""
+        return max(self.changed.get(p, 0), self.everything)
 
 
 class Weights(Protocol):
@@ -42,6 +73,11 @@ class Weights(Protocol):
 
     def engine_weights(self) -> NamedTensors:
         """What the weight sync sends (engines keep the rest)."""
+        ...
+
+    def versions(self, changes: WeightChanges) -> dict[str, int]:
+        """Per name `engine_weights` gives, a version that changes whenever that tensor may have (from `changes`):
+        what a delta sync compares. Names only, nothing gathered."""
         ...
 
     def state(self) -> dict[str, Tensor]:
@@ -92,6 +128,9 @@ class FullWeights:
 
     def engine_weights(self) -> Iterator[tuple[str, Tensor]]:
         return ((n, t) for n, t in self.named_weights() if n not in self.frozen)
+
+    def versions(self, changes: WeightChanges) -> dict[str, int]:
+        return {n: changes.of(p) for n, p in self.module.named_parameters() if n not in self.frozen}
 
     def state(self) -> dict[str, Tensor]:
         """Live references to the weights: with fsdp2 DTensors, which a checkpoint saves as this rank's rows."""
