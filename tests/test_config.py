@@ -164,6 +164,8 @@ def test_refusals_new_to_the_table_are_found_before_any_rank_starts(tmp_path, mo
     agent = ["rollout.agent.kind=tool_loop", "rollout.agent.tools={c: {kind: calculator}}", f"model.path={vl}"]
     with pytest.raises(ConfigError, match="agent loops take text prompts only, and model.path is a vision-language"):
         check_run(load_experiment(path, agent), 2, str(path))
+    with pytest.raises(ConfigError, match="PPO's critic .* cannot be built from .*vl, a vision-language model"):
+        check_run(load_experiment(path, ["algorithm.advantage.kind=gae", f"model.path={vl}"]), 2, str(path))
     gemma = tmp_path / "gemma"
     shutil.copytree(model_dir, gemma)
     config = json.loads((gemma / "config.json").read_text())

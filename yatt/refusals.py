@@ -318,6 +318,16 @@ def _agent_images(cfg: Any, world_size: int) -> str | None:
     return None
 
 
+def _critic_vision(cfg: Any, world_size: int) -> str | None:
+    critic = cfg.critic.model or cfg.model.path
+    if cfg.uses_critic and _vision(critic):
+        return (
+            f"PPO's critic (a one-label token-classification value model) cannot be built from {critic}, a "
+            "vision-language model; use an estimator without values (e.g. algorithm.advantage.kind=grpo)"
+        )
+    return None
+
+
 def _vocabulary(folder: Path) -> str | None:
     """What decides a folder's token ids, read from its tokenizer files as JSON or bytes (no tokenizer is built):
     tokenizer.json's model vocabulary, merges and added tokens, else vocab.json + merges.txt, else
@@ -424,6 +434,8 @@ REFUSALS: list[Refusal] = [
             _lora_vision, launch=True),
     Refusal("an agent loop + a vision-language policy (image prompts)", "agent loops take text prompts only",
             _agent_images, launch=True),
+    Refusal("PPO's critic (critic.enabled, or an estimator reading values) + a vision-language critic.model",
+            "value models are token-classification text models", _critic_vision, launch=True),
     Refusal("reward.teacher with another tokenizer than model.path, or a vision-language policy or teacher",
             "the teacher scores the student's token ids (tokenizer files compared)", _teacher_tokenizer, launch=True),
     Refusal("reward.teacher with a context shorter than prompt + response + 1",
