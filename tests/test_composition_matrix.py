@@ -1,12 +1,12 @@
-"""The composition matrix: yatt's features run together, pairwise. Eleven dimensions (trainer backend, placement,
+"""The composition matrix: yatt's features run together, pairwise. Twelve dimensions (trainer backend, placement,
 reward, balancing, HF export in checkpoints, algorithm (GRPO, PPO with a critic, on-policy distillation), dynamic
-sampling, rollout schedule, LoRA, dense or MoE policy, agent loop) would make 9216 runs; every pair of values of
-every two dimensions that yatt takes appears in at least one of the 14 combinations below, so a bug that needs two
-features at once to show (the usual kind) shows here. Each combination is a real 2-rank torchrun run of 2 steps with
-tiny models and hf engines: it must exit 0, log only finite metrics, log the keys of its features, and (export on)
-leave an HF folder in its checkpoint that transformers loads. The main combination (megatron TP=2, partial placement,
-a GenRM judge, balancing) runs 3 steps, saving each, and also resumes exactly after kill -9 during a background
-checkpoint write: its one uninterrupted run serves both tests."""
+sampling, rollout schedule, LoRA, dense or MoE policy, agent loop, text or image prompts) would make 18432 runs;
+every pair of values of every two dimensions that yatt takes appears in at least one of the 16 combinations below,
+so a bug that needs two features at once to show (the usual kind) shows here. Each combination is a real 2-rank
+torchrun run of 2 steps with tiny models and hf engines: it must exit 0, log only finite metrics, log the keys of
+its features, and (export on) leave an HF folder in its checkpoint that transformers loads. The main combination
+(megatron TP=2, partial placement, a GenRM judge, balancing) runs 3 steps, saving each, and also resumes exactly
+after kill -9 during a background checkpoint write: its one uninterrupted run serves both tests."""
 
 from __future__ import annotations
 
@@ -26,12 +26,14 @@ from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import comparable, finish, launch, logged_steps, wait_for
 from test_megatron_composed_e2e import varied_rows
 from test_megatron_e2e import DIGITS_TP
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
 from yatt.checkpoint.manifest import verify
 from yatt.config import load_experiment
 from yatt.config_loading import ConfigError
 from yatt.models.tiny import write_tiny_model
+from yatt.quickstart.sft_vl import run_sft_vl
+from yatt.quickstart.shapes import write_shapes_files
 from yatt.refusals import launch_refusals
 
 
@@ -47,11 +49,13 @@ class Combination(NamedTuple):
     lora: bool  # model.lora (rank 2, merged sync)
     policy: str  # dense | moe (a tiny Qwen3-MoE, routing replay r3)
     agent: str = "single_turn"  # single_turn | tool_loop (rollout.agent: the calculator, 2 turns, in lockstep)
+    prompts: str = "text"  # text | images (the counting-squares task, a tiny VL policy warmed up on it)
 
     @property
     def id(self) -> str:
         flags = [("bal", self.balance), ("exp", self.export_hf), ("ds", self.dynamic), ("osf", self.schedule != "sync"),
-                 ("lora", self.lora), ("moe", self.policy == "moe"), ("tools", self.agent == "tool_loop")]  # fmt: skip
+                 ("lora", self.lora), ("moe", self.policy == "moe"), ("tools", self.agent == "tool_loop"),
+                 ("img", self.prompts == "images")]  # fmt: skip
         return "-".join([self.backend, self.placement, self.reward, self.algorithm] + [n for n, on in flags if on])
 
 
@@ -67,6 +71,7 @@ DIMENSIONS = {
     "lora": (False, True),
     "policy": ("dense", "moe"),
     "agent": ("single_turn", "tool_loop"),
+    "prompts": ("text", "images"),
 }
 MEGATRON = ("tp2", "pp2")
 
@@ -74,30 +79,35 @@ MEGATRON = ("tp2", "pp2")
 def allowed(c: Combination) -> bool:
     """What yatt refuses (yatt.refusals): partial placement without a judge or a distillation teacher (it splits the
     devices between rollout and them); LoRA and routing replay (the matrix's MoE policy replays r3) on the megatron
-    backend; routing replay r3 with an agent loop."""
+    backend; routing replay r3 with an agent loop; with a vision-language policy (image prompts), LoRA, agent
+    loops, distillation and PPO's critic. The VL policy is dense."""
     partial_without_judge = c.placement == "partial" and c.reward == "rule" and c.algorithm != "distill"
     r3_turns = c.policy == "moe" and c.agent != "single_turn"
-    return not (partial_without_judge or r3_turns or (c.backend in MEGATRON and (c.lora or c.policy == "moe")))
+    vl = c.prompts == "images" and (c.algorithm != "grpo" or c.lora or c.agent != "single_turn" or c.policy == "moe")
+    return not (partial_without_judge or r3_turns or vl or (c.backend in MEGATRON and (c.lora or c.policy == "moe")))
 
 
-# hand-checked output of a seeded greedy search, the agent column then filled by an exhaustive one over these rows
-# (test_the_matrix_covers_every_allowed_pair keeps it honest); the first is the main combination
+# a seeded greedy search, pruned of rows the others made redundant (test_the_matrix_covers_every_allowed_pair keeps
+# it honest); the first is the main combination
 MAIN = Combination("tp2", "partial", "genrm", True, True, "grpo", False, "sync", False, "dense")
+ST, TOOLS = "single_turn", "tool_loop"
 COMBINATIONS = [
     MAIN,
-    Combination("fsdp2", "full", "rule", False, False, "distill", True, "one_step_off", True, "moe"),
-    Combination("torch", "full", "mixed", True, True, "ppo", False, "sync", True, "moe"),
-    Combination("pp2", "partial", "mixed", False, False, "ppo", True, "one_step_off", False, "dense"),
-    Combination("torch", "full", "genrm", False, False, "grpo", True, "sync", True, "dense"),
-    Combination("fsdp2", "partial", "rule", True, True, "distill", False, "sync", False, "dense"),
-    Combination("torch", "partial", "genrm", True, True, "grpo", True, "one_step_off", False, "moe"),
-    Combination("tp2", "full", "mixed", True, False, "distill", False, "one_step_off", False, "dense"),
-    Combination("pp2", "full", "genrm", True, True, "distill", False, "sync", False, "dense", "tool_loop"),
-    Combination("fsdp2", "partial", "mixed", True, True, "grpo", False, "sync", True, "dense", "tool_loop"),
-    Combination("tp2", "full", "rule", False, True, "ppo", True, "one_step_off", False, "dense", "tool_loop"),
-    Combination("fsdp2", "full", "genrm", False, False, "ppo", False, "sync", False, "moe"),
-    Combination("pp2", "full", "rule", True, True, "grpo", True, "sync", False, "dense"),
-    Combination("torch", "partial", "rule", False, False, "distill", False, "sync", False, "dense", "tool_loop"),
+    Combination("fsdp2", "full", "mixed", False, False, "ppo", True, "one_step_off", True, "moe"),
+    Combination("pp2", "partial", "rule", False, False, "distill", False, "one_step_off", False, "dense", TOOLS),
+    Combination("torch", "full", "rule", True, True, "ppo", True, "sync", True, "dense", TOOLS),
+    Combination("torch", "partial", "mixed", False, True, "grpo", True, "one_step_off", False, "dense", ST, "images"),
+    Combination("fsdp2", "full", "genrm", True, True, "distill", False, "sync", False, "moe"),
+    Combination("pp2", "full", "genrm", False, False, "grpo", True, "sync", False, "dense", ST, "images"),
+    Combination("torch", "partial", "genrm", True, False, "ppo", False, "one_step_off", True, "moe"),
+    Combination("tp2", "partial", "mixed", True, False, "distill", True, "one_step_off", False, "dense", TOOLS),
+    Combination("fsdp2", "full", "rule", True, True, "grpo", False, "one_step_off", False, "dense", ST, "images"),
+    Combination("pp2", "partial", "mixed", True, True, "ppo", False, "sync", False, "dense", TOOLS),
+    Combination("fsdp2", "partial", "genrm", False, True, "grpo", False, "sync", True, "dense", TOOLS),
+    Combination("tp2", "full", "rule", False, False, "ppo", False, "one_step_off", False, "dense"),
+    Combination("torch", "partial", "rule", True, True, "distill", True, "sync", True, "moe"),
+    Combination("fsdp2", "partial", "mixed", False, True, "grpo", True, "sync", True, "moe"),
+    Combination("tp2", "full", "mixed", False, True, "grpo", True, "sync", False, "dense", ST, "images"),
 ]
 # none: 9-36 s each on 2 CPU cores (the resume test ~1 min)
 SLOW: set[Combination] = set()
@@ -117,9 +127,10 @@ def test_the_matrix_covers_every_allowed_pair():
     assert len({c.id for c in COMBINATIONS}) == len(COMBINATIONS)
 
 
-def test_the_constraint_is_the_configs(tmp_path):
+def test_the_constraint_is_the_configs(tmp_path, vl_policy):
     """`allowed` leaves out exactly what yatt refuses (partial placement with a rule-only reward, LoRA and routing
-    replay on megatron), and yatt takes every combination of the matrix."""
+    replay on megatron, LoRA, agent loops, PPO's critic and distillation with a VL policy), and yatt takes every
+    combination of the matrix."""
     config = tmp_path / "exp.yaml"
     config.write_text(f"model: {{path: {tmp_path}}}\ndata: {{train: {{kind: jsonl, files: [{tmp_path}/t.jsonl]}}}}\n")
     with pytest.raises(ConfigError, match="placement.mode=partial"):
@@ -130,9 +141,18 @@ def test_the_constraint_is_the_configs(tmp_path):
         load_experiment(config, [*megatron, "model.lora.rank=2"])
     with pytest.raises(ConfigError, match="only the torch backend replays MoE routing|routing_replay"):
         load_experiment(config, [*megatron, "algorithm.routing_replay=r3"])
+    vl = f"model.path={vl_policy[0]}"
+    teacher = [f"reward.teacher={{model: {vl_policy[0]}}}", "algorithm.advantage={kind: distill}"]
+    for refused in (
+        ["model.lora.rank=2"],
+        ["algorithm.advantage.kind=gae"],
+        ["rollout.agent={kind: tool_loop, tools: {calculator: {}}}"],
+        teacher,
+    ):
+        assert launch_refusals(load_experiment(config, [vl, *refused]), 2) is not None, refused
     for c in COMBINATIONS:  # every combination of the matrix is one yatt takes
         (tmp_path / c.id).mkdir()
-        path, overrides = config_of(tmp_path / c.id, c, run_body(STEPS, STEPS, 1))
+        path, overrides = config_of(tmp_path / c.id, c, run_body(STEPS, STEPS, 1), vl_policy)
         at = overrides.index("--placement")
         cfg = load_experiment(path, overrides[:at] + overrides[at + 2 :], placement=overrides[at + 1])
         assert launch_refusals(cfg, 2) is None, c.id
@@ -196,12 +216,16 @@ def judge_section(tmp: Path, kind: str) -> str:
 """
 
 
-def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
+def config_of(tmp: Path, c: Combination, body: str, vl: tuple[Path, Path] | None = None) -> tuple[Path, list[str]]:
     """The experiment YAML (shared settings, the judge when there is one, `body`) and the overrides that pick
-    the combination's values, as a user would type them."""
+    the combination's values, as a user would type them. `vl`: the image rows' policy and data (vl_policy)."""
     judge = judge_section(tmp, REWARD_KINDS[c.reward]) if c.reward != "rule" else ""
-    config = experiment(tmp, BODY + judge + body, model=MOE_TP if c.policy == "moe" else DIGITS_TP)
-    varied_rows(tmp / "train.jsonl", 64)
+    if c.prompts == "images":
+        assert vl is not None
+        config = images_experiment(tmp, BODY + judge + body, *vl)
+    else:
+        config = experiment(tmp, BODY + judge + body, model=MOE_TP if c.policy == "moe" else DIGITS_TP)
+        varied_rows(tmp / "train.jsonl", 64)
     overrides = [
         "--placement",
         c.placement,
@@ -218,6 +242,21 @@ def config_of(tmp: Path, c: Combination, body: str) -> tuple[Path, list[str]]:
         *([f"rollout.agent={TOOL_LOOP}"] if c.agent == "tool_loop" else []),
     ]
     return config, overrides
+
+
+def images_experiment(tmp: Path, body: str, policy: Path, data: Path) -> Path:
+    """e2e.experiment's shape with image prompts: the VL policy, 64 train / 16 eval counting-squares rows."""
+    config = tmp / "exp.yaml"
+    config.write_text(f"""
+model: {{path: {policy}}}
+data:
+  train: {{kind: jsonl, files: [{data / "train.jsonl"}]}}
+  eval: {{kind: jsonl, files: [{data / "eval.jsonl"}]}}
+  prompts_per_step: 8
+  eval_prompts: 16
+  max_prompt_tokens: 32
+{body}""")
+    return config
 
 
 def distill_overrides(tmp: Path) -> list[str]:
@@ -280,7 +319,8 @@ def check_metrics(c: Combination, logged: list[dict], steps: int = STEPS) -> Non
             assert r["rollout/samples"] == 64, r
         if c.reward != "rule":  # every fresh sample judged, readably; dynamic sampling may judge more or fewer
             assert r["genrm/judged"] % 8 == 0 and (c.dynamic or r["genrm/judged"] == 64), r
-            assert r["genrm/unparseable_frac"] == 0.0, r
+            # the VL policy writes letters too: a response ending in one of "yes"/"no"'s starts the judge mid-word
+            assert r["genrm/unparseable_frac"] <= (0.1 if c.prompts == "images" else 0.0), r
             # throughput over every device's judge time (a rollout device of a TP group has none of its own)
             assert r["genrm/judged_per_busy_s"] == pytest.approx(r["genrm/judged"] / r["load/genrm_busy_s"]), r
         if c.placement == "partial":
@@ -295,9 +335,10 @@ def check_metrics(c: Combination, logged: list[dict], steps: int = STEPS) -> Non
     assert steps[-1]["actor/grad_norm"] > 0, steps[-1]  # the policy trained on a batch with signal
 
 
-def check_export(run_dir: Path, steps: int = STEPS, lora: bool = False) -> None:
+def check_export(run_dir: Path, steps: int = STEPS, lora: bool = False, images: bool = False) -> None:
     """The checkpoint of the last step holds an HF folder (under the manifest's checksums) that transformers
-    loads, with finite logits and the final policy's weights (LoRA: and its adapter folder, the final one's)."""
+    loads, with finite logits and the final policy's weights (LoRA: and its adapter folder, the final one's; a VL
+    policy: a VL folder, with its processor)."""
     folder = run_dir / "checkpoints" / f"step-{steps:08d}"
     files = set(verify(folder)["files"])
     assert {"policy/model.safetensors", "policy/config.json", "policy/tokenizer.json"} <= files
@@ -306,12 +347,15 @@ def check_export(run_dir: Path, steps: int = STEPS, lora: bool = False) -> None:
         saved = load_file(folder / "policy" / "adapter" / "adapter_model.safetensors")
         final = load_file(run_dir / "policy" / "adapter" / "adapter_model.safetensors")
         assert set(saved) == set(final) and all(torch.equal(saved[k], final[k]) for k in final)
-    model = AutoModelForCausalLM.from_pretrained(folder / "policy", dtype=torch.float32)
+    auto = AutoModelForImageTextToText if images else AutoModelForCausalLM
+    model = auto.from_pretrained(folder / "policy", dtype=torch.float32)
+    if images:
+        assert "policy/processor_config.json" in files
     with torch.no_grad():
         ids = AutoTokenizer.from_pretrained(folder / "policy")("12+34=", return_tensors="pt").input_ids
-        logits = model(ids).logits
-    assert logits.shape == (1, ids.shape[1], model.config.vocab_size) and torch.isfinite(logits).all()
-    final = AutoModelForCausalLM.from_pretrained(run_dir / "policy", dtype=torch.float32).state_dict()
+        logits = model(input_ids=ids).logits  # a VL policy's decoder reads text alone too
+    assert logits.shape[:2] == (1, ids.shape[1]) and torch.isfinite(logits).all()
+    final = auto.from_pretrained(run_dir / "policy", dtype=torch.float32).state_dict()
     exported = model.state_dict()
     assert set(exported) == set(final) and all(torch.equal(exported[k], final[k]) for k in final)
 
@@ -348,18 +392,31 @@ def main_run(tmp_path_factory) -> tuple[Path, list[str], Path]:
     return config, overrides, tmp / "full" / "m"
 
 
+@pytest.fixture(scope="module")
+def vl_policy(tmp_path_factory) -> tuple[Path, Path]:
+    """The image rows' policy and data: the counting-squares task and a tiny VL policy warmed up on it for 60 steps
+    (about half its answers right, so a group's rewards vary), built once (~10 s)."""
+    tmp = tmp_path_factory.mktemp("vl")
+    write_shapes_files(tmp / "data", sizes={"sft": 256, "train": 64, "eval": 16})
+    run_sft_vl(
+        tmp / "data", tmp / "policy", stop_at=1.01, batch_size=32, max_steps=60, eval_every=60, log=lambda _: None
+    )
+    return tmp / "policy", tmp / "data"
+
+
 @pytest.mark.parametrize("c", params(COMBINATIONS))
 def test_combination(tmp_path, c, request):
     if c == MAIN:
         run_dir, steps = request.getfixturevalue("main_run")[2], RESUME_STEPS
     else:
-        config, overrides = config_of(tmp_path, c, run_body(STEPS, STEPS, 1))
+        vl = request.getfixturevalue("vl_policy") if c.prompts == "images" else None
+        config, overrides = config_of(tmp_path, c, run_body(STEPS, STEPS, 1), vl)
         proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         run_dir, steps = tmp_path / "runs" / "m", STEPS
     check_metrics(c, records(run_dir), steps)
     if c.export_hf:
-        check_export(run_dir, steps, c.lora)
+        check_export(run_dir, steps, c.lora, c.prompts == "images")
 
 
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")
