@@ -10,8 +10,10 @@ configs/sft_quickstart_moe.yaml`, or `make quickstart-moe`). OVERRIDEs (`a.b=c`)
 Each variant is a real run, one after the other (never two at once), of `launch/train.py --config <config>
 --placement full algorithm.routing_replay=<r> algorithm.routing_mismatch=true` (", bf16 engine":
 rollout.engine.dtype=bfloat16) for --steps steps, from the
-same policy, data and seeds (the config's schedule, dynamic sampling and cosine lr over --steps), with a held-out
-evaluation every --steps / 3 steps and at the end. routing_mismatch makes the hf engines return the experts of
+same policy, data and seeds (the config's schedule and cosine lr over --steps), with a held-out evaluation every
+--steps / 3 steps and at the end. Dynamic sampling is off: it carries kept groups beyond a step's need over to the
+next step, generated before the last update, so their gap would measure that update, not the engine/trainer
+mismatch (and every step trains the same number of samples). routing_mismatch makes the hf engines return the experts of
 every token under off and r2 too (r3 needs them anyway), so all three are measured the same way:
 
 - the engine/trainer log-prob gap: |engine log-prob - trainer old log-prob| over the response tokens
@@ -59,6 +61,9 @@ def run_variant(name: str, args: argparse.Namespace, work: Path) -> dict:
         f"run.steps={args.steps}",
         f"run.eval_every={max(1, args.steps // 3)}",
         "checkpoint.every=0",
+        # dynamic sampling queues the kept groups beyond a step's need for the next step: generated with the weights
+        # before the last update, their log-probs and routing differ from the trainer's by that update too
+        "algorithm.dynamic_sampling.enabled=false",
         *VARIANTS[name],
         "algorithm.routing_mismatch=true",
         *args.overrides,
