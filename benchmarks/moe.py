@@ -25,21 +25,22 @@ every token under off and r2 too (r3 needs them anyway), so all three are measur
 
 Under r3 the trainer's old-log-prob pass runs on the engine's experts, so its log-prob gap is the kernels' alone;
 under off and r2 (whose old-log-prob pass is the trainer's own routing, replayed only in the update) it also
-carries the tokens routed differently. Writes <out>.json and <out>.md (ratios to the first variant).
+carries the tokens routed differently. Writes <out>.json and <out>.md (per engine dtype, ratios to off); --report
+rebuilds <out>.md from <out>.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from decimal import Decimal
 from pathlib import Path
 
-from harness import run_training, shown, slug, table, write_results
+from harness import run_training, shown, slug, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 BF16 = ["rollout.engine.dtype=bfloat16"]  # the engine in bfloat16, the trainer in float32: numerics that differ
@@ -107,20 +108,20 @@ def run_variant(name: str, args: argparse.Namespace, work: Path) -> dict:
     }
 
 
-COLUMNS = [
-    ("logprob_gap_mean", "log-prob gap mean"),
-    ("logprob_gap_max", "log-prob gap max"),
-    ("logprob_gap_max_median", "per-step max (median)"),
-    ("routing_mismatch", "routing mismatch"),
-    ("routing_mismatch_layers", "mismatch (layers)"),
-    ("accuracy_start", "held-out acc (start)"),
-    ("accuracy_end", "held-out acc (end)"),
-    ("step_s", "step s (median)"),
-    ("logprobs_s", "logprobs s"),
-    ("update_s", "update s"),
-    ("wall_s", "run wall s"),
+COLUMNS = [  # (key, title, format); the log-prob gaps to 3 significant digits: ~1e-7 in float32, ~1e-2 in bf16
+    ("logprob_gap_mean", "log-prob gap mean", ".3g"),
+    ("logprob_gap_max", "log-prob gap max", ".3g"),
+    ("logprob_gap_max_median", "per-step max (median)", ".3g"),
+    ("routing_mismatch", "routing mismatch", ".4f"),
+    ("routing_mismatch_layers", "mismatch (layers)", ".4f"),
+    ("accuracy_start", "held-out acc (start)", ".3f"),
+    ("accuracy_end", "held-out acc (end)", ".3f"),
+    ("step_s", "step s (median)", ".3f"),
+    ("logprobs_s", "logprobs s", ".3f"),
+    ("update_s", "update s", ".3f"),
+    ("wall_s", "run wall s", ".1f"),
 ]
-RATIOS = ["logprob_gap_mean", "logprob_gap_max", "step_s"]
+RATIOS = [("logprob_gap_mean", "gap mean"), ("logprob_gap_max", "gap max"), ("step_s", "step s")]
 
 
 def tables(rows: list[dict]) -> list[str]:
@@ -128,12 +129,38 @@ def tables(rows: list[dict]) -> list[str]:
     out = []
     for engine in ("float32", "bfloat16"):
         group = [r for r in rows if ("bf16 engine" in r["variant"]) == (engine == "bfloat16")]
-        if group:
-            gaps = ("logprob_gap_mean", "logprob_gap_max", "logprob_gap_max_median")
-            # the gaps to 3 significant digits: a float32 engine's are ~1e-7, a bfloat16 one's ~1e-3
-            shown_rows = [{**r, **{k: Decimal(f"{r[k]:.3g}") for k in gaps}} for r in group]
-            out += [f"Engine in {engine}:\n", table(shown_rows, COLUMNS, RATIOS), ""]
+        if not group:
+            continue
+        ref = group[0]
+        head = [title for _, title, _ in COLUMNS] + [f"{title} / {ref['variant']}" for _, title in RATIOS]
+        out += [f"Engine in {engine}:", "", "| variant | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        for r in group:
+            cells = [format(r[k], f) for k, _, f in COLUMNS]
+            cells += [f"{r[k] / ref[k]:.2f}x" if ref[k] else "-" for k, _ in RATIOS]
+            out.append(f"| {r['variant']} | " + " | ".join(cells) + " |")
+        out.append("")
     return out
+
+
+def report(rows: list[dict], settings: dict, date: str, commit: str, command: str) -> list[str]:
+    """The markdown report of a run's rows (also rebuilt from <out>.json by --report)."""
+    return [
+        f"# Routing replay: {' '.join([settings['config'], *settings['overrides']])}, {settings['nproc']} trainer "
+        f"rank(s) + engine(s), {settings['steps']} steps per variant\n",
+        f"{date}, commit {commit}: `OMP_NUM_THREADS=1 {command}`\n",
+        *([settings["note"], ""] if settings["note"] else []),
+        "Log-prob gap: |engine - trainer old log-prob| per response token (mean over tokens and steps; max over "
+        "all; the median over steps of each step's max). Routing mismatch: the share of response tokens predicted "
+        "at a position where the router's own top-k in the trainer's first pass, before replay, differs from the "
+        "engine's in some MoE layer (`layers`: per token and layer), mean over steps. Dynamic sampling off.\n",
+        *tables(rows),
+        "Held-out accuracy at equal steps:",
+        "",
+        "| variant | " + " | ".join(f"step {e['step']}" for e in rows[0]["evals"]) + " |",
+        "|---|" + "---|" * len(rows[0]["evals"]),
+        *(f"| {r['variant']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
+        "",
+    ]
 
 
 def main() -> int:
@@ -144,8 +171,14 @@ def main() -> int:
     parser.add_argument("--variants", nargs="*", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/moe")
     parser.add_argument("--note", default="", help="a line about the machine and what else ran, for the report")
+    parser.add_argument("--report", action="store_true", help="rebuild <out>.md from <out>.json; run nothing")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args()
+    if args.report:
+        saved = json.loads(Path(f"{args.out}.json").read_text())
+        md = report(saved["variants"], saved["settings"], saved["date"], saved["commit"], saved["command"])
+        write_results(args.out, saved, md)
+        return 0
     if args.steps <= 0:
         parser.error("--steps: at least 1")
     rows = []
@@ -162,26 +195,13 @@ def main() -> int:
             )
     settings = {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    command = " ".join(["python benchmarks/moe.py", *(shown(a) if a.startswith("/") else a for a in sys.argv[1:])])
-    md = [
-        f"# Routing replay: {shown(args.config)} {' '.join(args.overrides)}, {args.nproc} trainer rank(s) + "
-        f"engine(s), {args.steps} steps per variant\n",
-        f"{time.strftime('%Y-%m-%d')}, commit {commit.strip() or 'unknown'}: `OMP_NUM_THREADS=1 {command}`\n",
-        *([args.note, ""] if args.note else []),
-        "Log-prob gap: |engine - trainer old log-prob| per response token (mean over tokens and steps; max over "
-        "all). Routing mismatch: the share of response tokens whose router's own top-k in the trainer's first pass, "
-        "before replay, differs from the engine's in any MoE layer (per token and layer: `layers`), mean over "
-        "steps.\n",
-        *tables(rows),
-        "",
-        "Held-out accuracy at equal steps:",
-        "",
-        "| variant | " + " | ".join(f"step {e['step']}" for e in rows[0]["evals"]) + " |",
-        "|---|" + "---|" * len(rows[0]["evals"]),
-        *(f"| {r['variant']} | " + " | ".join(f"{e['accuracy']:.3f}" for e in r["evals"]) + " |" for r in rows),
-        "",
-    ]
-    write_results(args.out, {"settings": settings, "variants": rows}, md)
+    argv = [shown(a) if a.startswith("/") else a for a in sys.argv[1:]]
+    if "--note" in argv:  # the note is its own line of the report
+        argv[argv.index("--note") + 1] = "TEXT"
+    command = " ".join(["python benchmarks/moe.py", *argv])
+    run = {"date": time.strftime("%Y-%m-%d"), "commit": commit.strip() or "unknown", "command": command}
+    md = report(rows, settings, **run)
+    write_results(args.out, {**run, "settings": settings, "variants": rows}, md)
     return 0
 
 
