@@ -148,6 +148,20 @@ def test_train_steps_report_expert_load_and_the_aux_loss(folder, rollouts):
         (["algorithm.routing_replay=r2", "algorithm.old_logprobs=rollout"], "skips"),
         (["trainer.backend=megatron", "trainer.torch=null"], "does not replay MoE routing"),
         (["rollout.schedule.mode=one_step_off", "rollout.schedule.in_flight=resume"], "in_flight=resume"),
+        # measured only (no replay): the engine must still return its experts, the trainer count them
+        (
+            ["algorithm.routing_replay=off", "algorithm.routing_mismatch=true", "rollout.engine.backend=vllm"],
+            "routing_mismatch: rollout.engine.backend=vllm does not return",
+        ),
+        (
+            [
+                "algorithm.routing_replay=off",
+                "algorithm.routing_mismatch=true",
+                "trainer.backend=megatron",
+                "trainer.torch=null",
+            ],
+            "does not measure MoE routing",
+        ),
     ],
 )
 def test_routing_replay_refusals_are_in_the_table(overrides, says):
@@ -177,3 +191,85 @@ def test_a_bare_off_is_off_in_a_file_and_on_the_command_line(tmp_path):
     (tmp_path / "moe.yaml").write_text(text)
     assert load_config(ExperimentConfig, tmp_path / "moe.yaml", []).algorithm.routing_replay == "off"
     assert PythonConfig.model_validate({"kind": "python", "network_namespace": False}).network_namespace == "off"
+
+
+def test_mismatch_counts_compare_top_k_sets_where_the_engine_routed():
+    from yatt.trainers.moe import mismatch_counts
+
+    engine = torch.tensor([[[0, 1], [2, 3]], [[1, 2], [0, 3]], [[-1, -1], [-1, -1]]])  # 2 tokens x 2 layers, 1 unset
+    same = torch.tensor([[[1, 0], [2, 3]], [[2, 1], [3, 0]], [[3, 2], [1, 0]]])  # the same sets in another order
+    assert mismatch_counts(same, engine).tolist() == [2.0, 0.0, 4.0, 0.0]
+    other = same.clone()
+    other[1, 1] = torch.tensor([0, 2])  # token 1, layer 1: {0, 2} against the engine's {0, 3}
+    other[2] = torch.tensor([[0, 1], [2, 3]])  # a token the engine did not route: not compared
+    assert mismatch_counts(other, engine).tolist() == [2.0, 1.0, 4.0, 1.0]
+
+
+def test_token_batch_keeps_the_engines_routing_to_compare_without_replaying_it(rollouts):
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0, replay=False)
+    assert batch.routing is None
+    replayed = token_batch(rollouts, pad_id=0, temperature=1.0)
+    assert torch.equal(batch.engine_routing, replayed.engine_routing)
+    r = rollouts[0]
+    compared = batch.engine_routing[0, :, 0] >= 0
+    # the positions that predicted the response tokens: the last prompt token's and every response token's but the
+    # last (which predicts nothing)
+    assert compared.nonzero().flatten().tolist() == list(range(len(r.prompt_ids) - 1, len(r.routed_experts) - 1))
+    assert batch.engine_routing[0, compared].tolist() == r.routed_experts[len(r.prompt_ids) - 1 : -1]
+
+
+def nudged(t: TorchTrainer, scale: float = 0.5) -> TorchTrainer:
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for router in RoutingPatch(t.module).routers:
+            router.weight.add_(torch.randn_like(router.weight) * scale)
+    return t
+
+
+@pytest.mark.parametrize("nudge", [False, True])
+def test_the_log_prob_pass_counts_the_routers_own_choice_before_replay(folder, rollouts, nudge):
+    """R3: the pass replays the engine's experts (the routing it used is the engine's), while the mismatch counts
+    the router's own top-k: none differ on the engine's weights, some once the router is nudged."""
+    t = trainer(folder)
+    if nudge:
+        nudged(t)
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    engine = batch.routing.clone()
+    t.logprobs(batch, record_routing=True)
+    set_ = engine[:, :, 0] >= 0
+    assert torch.equal(batch.routing[set_], engine[set_])  # replayed
+    counts = t.routing_counts()
+    assert counts["routing/tokens"] == sum(len(r.response_ids) for r in rollouts)  # one per generated token
+    assert counts["routing/layers"] == 2 * counts["routing/tokens"]
+    if nudge:
+        assert 0 < counts["routing/tokens_differ"] <= counts["routing/tokens"]
+        assert counts["routing/tokens_differ"] <= counts["routing/layers_differ"] <= counts["routing/layers"]
+    else:
+        assert counts["routing/tokens_differ"] == counts["routing/layers_differ"] == 0
+    assert t.routing_counts()["routing/tokens"] == 0  # reset when read
+
+
+@pytest.mark.parametrize("old_logprobs_mode", ["reuse", "recompute", "rollout"])
+def test_a_step_counts_every_sample_once_with_the_pre_update_weights(folder, rollouts, old_logprobs_mode):
+    """old_logprobs, then a 2-mini-batch update, routing_replay off: the counts cover each response token once,
+    from the log-prob pass or (reuse) the update's first forward, and equal those of one pass of the same weights
+    over all samples; with old_logprobs=rollout (no pass) those of the first mini-batch, the update's only forward
+    on the pre-update weights."""
+    from yatt.algorithms.objective import Algorithm
+    from yatt.config import AlgorithmConfig
+    from yatt.controllers.policy import old_logprobs, policy_update
+
+    cfg = AlgorithmConfig(old_logprobs=old_logprobs_mode, mini_batches=2, routing_mismatch=True)
+    algorithm = Algorithm(cfg)
+    t = nudged(TorchTrainer(folder, TrainerConfig(micro_batch_size=3), WORLD, total_steps=2))
+    expected = nudged(trainer(folder))  # the same nudge, frozen: one pass over every sample
+    epochs = [[torch.arange(0, 4), torch.arange(4, 8)]]
+    counted = epochs[0][0] if old_logprobs_mode == "rollout" else torch.arange(8)
+    expected.logprobs(token_batch(rollouts, pad_id=0, temperature=1.0, replay=False).select(counted))
+    want = expected.routing_counts()
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0, replay=False)
+    old, entropy = old_logprobs(t, algorithm, batch, epochs[0], has_ref=False)
+    batch.extras.update(old_logprobs=old, advantages=torch.randn(len(batch))[:, None] * batch.mask)
+    totals = policy_update(t, algorithm, WORLD, batch, epochs, entropy, norm_length=6)
+    got = {k: v for k, v in totals.items() if k.startswith("routing/")}
+    assert got == want and want["routing/tokens_differ"] > 0

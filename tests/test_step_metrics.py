@@ -22,9 +22,9 @@ CFG = SimpleNamespace(
 STATS = ("policy_loss",)
 
 
-def rank_reductions(responses: list[list[int]], rewards: list[float], seconds: dict[str, float]):
+def rank_reductions(responses: list[list[int]], rewards: list[float], seconds: dict[str, float], counts=None):
     """One rank's step_reductions for rollouts of a 2-token prompt; the trainer's log-probs differ from the
-    engine's by 0.5 on the last rollout's tokens."""
+    engine's by 0.5 on the last rollout's tokens. `counts`: the trainer's routing-mismatch counts in the update's."""
     rollouts = [
         Rollout(None, [1, 2], ids, [-1.0] * len(ids), "length" if len(ids) > 2 else "stop", reward=reward)
         for ids, reward in zip(responses, rewards)
@@ -42,6 +42,7 @@ def rank_reductions(responses: list[list[int]], rewards: list[float], seconds: d
         "lr": 0.2,
         "skipped": 0.0,
         "optimizer_steps": 2.0,
+        **(counts or {}),
     }
     return (*step_reductions(CFG, STATS, rollouts, batch, torch.zeros_like(batch.mask), None, update, seconds), update)
 
@@ -97,6 +98,23 @@ def test_a_rank_without_samples_joins_the_reductions_with_zeros():
     assert set(sums.values()) == {0.0} and peaks["response/length_max"] == 0.0
     m = step_metrics(CFG, STATS, 1, sums, peaks, update)
     assert m["reward/mean"] == 0.0 and m["balance/imbalance_before"] == 1.0
+
+
+def test_the_routing_mismatch_is_the_share_of_compared_tokens_over_ranks():
+    counts = {
+        "routing/tokens": 10.0,
+        "routing/tokens_differ": 3.0,
+        "routing/layers": 40.0,
+        "routing/layers_differ": 4.0,
+    }
+    sums0, peaks0, update = rank_reductions([[5], [6, 7, 8]], [1.0, 0.0], {"generate": 1.0})
+    assert "moe/routing_mismatch" not in step_metrics(CFG, STATS, 1, sums0, peaks0, update)  # no routing to compare
+    sums0, peaks0, _ = rank_reductions([[5], [6, 7, 8]], [1.0, 0.0], {"generate": 1.0}, counts)
+    other = {**counts, "routing/tokens_differ": 1.0, "routing/layers_differ": 2.0}
+    sums1, _, _ = rank_reductions([[5, 6], [7]], [1.0, 1.0], {"generate": 1.0}, other)
+    m = step_metrics(CFG, STATS, 2, summed(Ranks(list(sums1.values())), sums0), peaks0, update)
+    assert m["moe/routing_mismatch"] == pytest.approx(4 / 20)
+    assert m["moe/routing_mismatch_layers"] == pytest.approx(6 / 80)
 
 
 def _minis(count, group, epochs, per_epoch, step, rank):

@@ -231,6 +231,11 @@ def _routing_trainer(cfg: Any) -> str | None:
             f"algorithm.routing_replay={replay}: trainer.backend={cfg.trainer.backend} does not replay MoE "
             f"routing: {why}; use trainer.backend=torch or routing_replay=off"
         )
+    if cfg.algorithm.routing_mismatch and (why := _lacks(cfg.trainer.backend_entry, "routing_replay")):
+        return (
+            f"algorithm.routing_mismatch: trainer.backend={cfg.trainer.backend} does not measure MoE routing: "
+            f"{why}; use trainer.backend=torch or routing_mismatch=false"
+        )
     return None
 
 
@@ -240,6 +245,11 @@ def _routing_engine(cfg: Any) -> str | None:
         return (
             f"algorithm.routing_replay=r3: rollout.engine.backend={engine.backend} does not return routed "
             f"experts: {why}; use rollout.engine.backend=hf or routing_replay=r2"
+        )
+    if cfg.algorithm.routing_mismatch and (why := _lacks(engine.backend_entry, "routing_replay")):
+        return (
+            f"algorithm.routing_mismatch: rollout.engine.backend={engine.backend} does not return routed "
+            f"experts: {why}; use rollout.engine.backend=hf or routing_mismatch=false"
         )
     return None
 
@@ -254,17 +264,19 @@ def _routing_r2_without_pass(cfg: Any) -> str | None:
 
 
 def _routing_r3_turns(cfg: Any) -> str | None:
-    if cfg.algorithm.routing_replay != "r3":
+    if not cfg.algorithm.engine_routing:
         return None
+    what = "routing_replay=r3" if cfg.algorithm.routing_replay == "r3" else "routing_mismatch"
+    instead = "routing_replay=r2" if what == "routing_replay=r3" else "routing_mismatch=false"
     if cfg.rollout.multi_turn:
         return (
-            f"algorithm.routing_replay=r3 with rollout.agent.kind={cfg.rollout.agent.kind} is not implemented (an "
-            "agent loop's trajectories do not carry the engine's routing); use routing_replay=r2"
+            f"algorithm.{what} with rollout.agent.kind={cfg.rollout.agent.kind} is not implemented (an "
+            f"agent loop's trajectories do not carry the engine's routing); use {instead}"
         )
     if cfg.rollout.schedule.in_flight == "resume":
         return (
-            "algorithm.routing_replay=r3 with rollout.schedule.in_flight=resume is not implemented (a resumed "
-            "sample's routing is not joined across engines); use in_flight=finish or routing_replay=r2"
+            f"algorithm.{what} with rollout.schedule.in_flight=resume is not implemented (a resumed "
+            f"sample's routing is not joined across engines); use in_flight=finish or {instead}"
         )
     return None
 
@@ -416,13 +428,14 @@ REFUSALS: list[Refusal] = [
             "no room for a response", _agent_no_room),
     Refusal("an agent loop + rollout.schedule.in_flight=resume",
             "a conversation's turns are separate requests whose versions are not kept", _agent_resume),
-    Refusal("algorithm.routing_replay (not off) + a trainer backend without routing replay (megatron)",
+    Refusal("algorithm.routing_replay (not off) or routing_mismatch + a trainer backend without routing replay "
+            "(megatron)",
             "only the torch backend replays MoE routing", _routing_trainer),
-    Refusal("algorithm.routing_replay=r3 + an engine that does not return routed experts (vllm)",
+    Refusal("algorithm.routing_replay=r3 or routing_mismatch + an engine that does not return routed experts (vllm)",
             "R3 replays the experts the engine routed to; vLLM 0.32 captures them on GPUs only", _routing_engine),
     Refusal("algorithm.routing_replay=r2 + algorithm.old_logprobs=rollout",
             "R2 replays the routing of the trainer's old-log-prob pass, which rollout skips", _routing_r2_without_pass),
-    Refusal("algorithm.routing_replay=r3 + an agent loop, or rollout.schedule.in_flight=resume",
+    Refusal("algorithm.routing_replay=r3 or routing_mismatch + an agent loop, or rollout.schedule.in_flight=resume",
             "the engine's routing is not carried through turns or resumed samples yet", _routing_r3_turns),
     Refusal("placement.mode=partial + fewer ranks than min_rollout_devices + min_genrm_devices",
             "each role needs its devices", _partial_devices, launch=True),

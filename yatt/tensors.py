@@ -12,7 +12,9 @@ also carries `pixels`: the processor's image tensors once per distinct image pro
 prompt share one pixel row, so a batch holds a prompt's pixels once, not G times. A mixture-of-experts policy's
 batch may carry `routing`: per input token (the [B, L] layout of input_ids, not the targets'), the experts each
 MoE layer routes it to, [B, L, layers x k] (layer-major), -1 where the router chooses (yatt.models.routing;
-routing replay).
+routing replay). `engine_routing`, the same layout, is the engine's routing at the positions that predict
+response tokens, to compare with, not to replay: a forward of a batch carrying it counts the positions whose
+router's own top-k differs (moe/routing_mismatch).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class TokenBatch:
     image_index: Tensor | None = None  # [B] long: each row's pixel row, -1 for a text row; None: no pixels
     # MoE routing replay: [B, L, layers x k] long expert indices per input token, -1: the router's own choice
     routing: Tensor | None = None
+    # MoE routing mismatch: [B, L, layers x k] the engine's experts at the positions that predict response tokens
+    # (-1: not compared), which a forward compares with its router's own top-k (before any replay); None: none
+    engine_routing: Tensor | None = None
 
     @classmethod
     def from_sequences(cls, prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
@@ -105,6 +110,7 @@ class TokenBatch:
             pixels,
             index,
             None if self.routing is None else self.routing[rows, :width],
+            None if self.engine_routing is None else self.engine_routing[rows, :width],
         )
 
     def lengths(self) -> list[int]:
@@ -121,6 +127,7 @@ class TokenBatch:
             {k: v.to(device) for k, v in self.pixels.items()},
             None if self.image_index is None else self.image_index.to(device),
             None if self.routing is None else self.routing.to(device),
+            None if self.engine_routing is None else self.engine_routing.to(device),
         )
 
 

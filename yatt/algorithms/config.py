@@ -144,6 +144,19 @@ class AlgorithmConfig(Section):
         "engine routed each prompt and response token to (returned with its log-probs; the hf engine). Replay "
         "forces the experts and recomputes their gate weights from the router's logits. A dense policy ignores it.",
     )
+    routing_mismatch: bool = Field(
+        False,
+        description="Measure a mixture-of-experts policy's routing mismatch under any routing_replay: the engine "
+        "returns the experts of every token (as r3 does; the hf engine) and the trainer's first pass over each "
+        "sample counts the response tokens predicted at a position whose router's own top-k, before any "
+        "replay, differs from the engine's (moe/routing_mismatch). r3 measures it always. Costs the routing "
+        "riding with every sample (layers x k ints per token).",
+    )
+
+    @property
+    def engine_routing(self) -> bool:
+        """The engine returns the experts of every token: replayed (r3) or measured (routing_mismatch)."""
+        return self.routing_replay == "r3" or self.routing_mismatch
 
     @field_validator("routing_replay", mode="before")
     @classmethod

@@ -88,6 +88,8 @@ def step_reductions(
         "workload": workload,
         "tokens": update["tokens"],
         **{f"actor/{name}": update[name] for name in stats},
+        # an MoE policy's routing-mismatch counts (Trainer.routing_counts), when the engine returns its routing
+        **{k: v for k, v in update.items() if k.startswith("routing/")},
     }
     if cfg.reward.teacher is not None:  # on-policy distillation: student - teacher log-prob of the sampled tokens
         teacher = batch.extras.get("teacher_logprobs", torch.zeros_like(mask))  # a rank may hold no samples
@@ -149,6 +151,10 @@ def step_metrics(
         metrics["distill/reverse_kl"] = s["distill_kl"] / den["resp_tokens"]
     if cfg.algorithm.dynamic_sampling.enabled:
         metrics["dynamic_sampling/trained_zero_var_groups"] = s["zero_var_groups"]
+    # the response tokens predicted on other experts by the trainer's router (its own top-k) than by the engine's
+    if s.get("routing/tokens", 0.0) > 0:
+        metrics["moe/routing_mismatch"] = s["routing/tokens_differ"] / s["routing/tokens"]
+        metrics["moe/routing_mismatch_layers"] = s["routing/layers_differ"] / s["routing/layers"]
     return metrics
 
 

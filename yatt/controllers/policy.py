@@ -20,9 +20,10 @@ from yatt.tensors import LossFn, TokenBatch
 from yatt.trainers.base import Trainer
 
 
-def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float) -> TokenBatch:
-    """What the trainer reads: prompt + response ids, the images' pixels (once per prompt), and the engine's
-    log-probs.
+def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float, replay: bool = True) -> TokenBatch:
+    """What the trainer reads: prompt + response ids, the images' pixels (once per prompt), the engine's
+    log-probs, and an MoE engine's routing: at the positions that predict the response tokens, to compare with
+    (`batch.engine_routing`), and with `replay` (routing replay r3) every token's, to replay (`batch.routing`).
 
     The loss mask (`batch.mask`) is the response positions AND each rollout's response mask (agent loops: 0 on
     tool and environment tokens), so those tokens get no policy loss, KL, entropy or IS weight, and their
@@ -38,7 +39,12 @@ def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float) -> Tok
         if "teacher_logprobs" in batch.extras:
             batch.extras["teacher_logprobs"] *= batch.mask
     batch.temperature = temperature
-    batch.routing = routing_of(rollouts, batch)
+    routing = routing_of(rollouts, batch)
+    batch.routing = routing if replay else None
+    if routing is not None:  # at the positions that predict the response tokens in the loss: one per token
+        predicting = torch.zeros(batch.input_ids.shape, dtype=torch.bool)
+        predicting[:, :-1] = batch.mask.bool()
+        batch.engine_routing = torch.where(predicting[..., None], routing, -1)
     return batch
 
 
@@ -90,7 +96,7 @@ def old_logprobs(
     # a sharded trainer's forward is a collective (FSDP2's gathers, megatron's micro-batch count over data-parallel
     # ranks): a rank whose rows are all on-policy still takes part, with none, or the others wait forever
     if len(rest) or not trainer.replicated:
-        sub = batch.select(rest)
+        sub = batch.select(rest)  # with the engine's routing of its rows: this pass counts the routing mismatch
         r2 = cfg.routing_replay == "r2"  # the update replays the experts of this pass
         lp, ent = trainer.logprobs(sub, with_entropy=True, **({"record_routing": True} if r2 else {}))
         old_lp[rest, : lp.shape[1]], entropy[rest, : lp.shape[1]] = lp, ent
@@ -157,11 +163,18 @@ def policy_update(
     the loss stats over the steps (and tokens, grad_norm, lr, skipped, optimizer_steps).
 
     The first epoch's forwards also record what the log-prob pass skipped (on_policy rows: their
-    log-probs into old_logprobs, their entropies into `entropy`), for the metrics."""
+    log-probs into old_logprobs, their entropies into `entropy`), for the metrics. With the engine's routing
+    (algorithm.routing_replay r3 or routing_mismatch) the totals also hold the trainer's routing-mismatch counts of
+    the step (Trainer.routing_counts): the log-prob pass counted its rows, the update's first forwards count
+    the rows no pass did before it (on_policy; with old_logprobs=rollout the first mini-batch's)."""
     batch.extras["row"] = torch.arange(len(batch))
     # the same keys on every rank, even one that holds no samples
     totals = dict.fromkeys(("tokens", *algorithm.stats, "grad_norm", "lr", "skipped", "optimizer_steps"), 0.0)
-    for epoch, mini, tokens, seqs in global_mini_batches(world, batch, epochs):
+    for i, (epoch, mini, tokens, seqs) in enumerate(global_mini_batches(world, batch, epochs)):
+        first_forward = mini.extras["on_policy"].bool()
+        if i == 0 and algorithm.cfg.old_logprobs == "rollout":
+            first_forward[:] = True
+        only_rows(mini, first_forward if epoch == 0 else None)
         loss_fn = algorithm.objective(tokens, seqs, norm_length=norm_length)
         # entropies for the metrics where no pass computed them
         record = epoch == 0 and (algorithm.cfg.old_logprobs == "rollout" or bool(mini.extras["on_policy"].any()))
@@ -171,4 +184,14 @@ def policy_update(
         stats["optimizer_steps"] = 1.0
         for k, v in stats.items():
             totals[k] = totals.get(k, 0.0) + v
+    if algorithm.cfg.engine_routing:
+        totals.update(trainer.routing_counts())
     return totals
+
+
+def only_rows(mini: TokenBatch, rows: Tensor | None) -> None:
+    """mini.engine_routing on `rows` ([B] bool) only, the samples whose routing mismatch this forward counts (None:
+    none of them)."""
+    if mini.engine_routing is not None:
+        keep = rows is not None and bool(rows.any())
+        mini.engine_routing = torch.where(rows[:, None, None], mini.engine_routing, -1) if keep else None

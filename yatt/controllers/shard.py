@@ -13,7 +13,7 @@ samples that load balancing moves (yatt.balance.exchange).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from yatt.checkpoint.export import PolicyWriter, policy_writer
@@ -87,7 +87,8 @@ class ControllerShard(ShardState):
         train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
         dynamic = cfg.algorithm.dynamic_sampling
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
-        routed = cfg.algorithm.routing_replay == "r3"  # r3: the engines return the experts of every token
+        # r3 or routing_mismatch: the engines return the experts of every token (replayed, or measured against)
+        routed = cfg.algorithm.engine_routing
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id, routed)
         # rollout.agent: each sample a conversation of this loop (yatt.controllers.conversations); None: single_turn
         self.agent = Agent.build(cfg.rollout.agent, self.tokenizer) if cfg.rollout.multi_turn else None
@@ -139,12 +140,14 @@ class ControllerShard(ShardState):
         with timer("balance"):
             trained, plan = rebalance_groups(world, rollouts, cfg.balance, cfg.rollout.group_size)
         with self.placement.own("train"):
-            batch = token_batch(trained, self.tokenizer.pad_token_id, cfg.rollout.temperature)
+            replay = cfg.algorithm.routing_replay == "r3"
+            batch = token_batch(trained, self.tokenizer.pad_token_id, cfg.rollout.temperature, replay)
             minis = mini_batches(len(batch), cfg, step, world.rank)
             policy_trains = self.critic is None or not self.critic.warming_up(step)  # critic.warmup_steps
             with timer("logprobs"):
                 old_lp, entropy = old_logprobs(self.trainer, algo, batch, minis[0], self.ref is not None, policy_trains)
-                ref_lp = self.ref.logprobs(batch)[0] if self.ref else None
+                # the policy's routing mismatch only (a LoRA reference is the policy's own model)
+                ref_lp = self.ref.logprobs(replace(batch, engine_routing=None))[0] if self.ref else None
                 values = self.critic.values(batch) if self.critic else None
             with timer("advantages"):
                 inp = advantage_input(trained, batch, old_lp, ref_lp, values, algo, cfg.rollout.group_size, world)

@@ -15,7 +15,9 @@ input). Inside `RoutingPatch.active(...)`:
   weights are recomputed from the router's own logits over the forced experts (softmax over all experts,
   gathered at the forced ones, renormalised when the model normalises its top-k), as Megatron-Core's and
   slime's replay do, so the router still gets a gradient;
-- the indices used (forced or chosen) are recorded per layer (`RoutingPatch.routing()`: [N, layers, k]);
+- the indices used (forced or chosen) are recorded per layer (`RoutingPatch.routing()`: [N, layers, k]), and
+  the router's own top-k before any replay (`RoutingPatch.own_routing()`: what it would have chosen, which the
+  routing-mismatch metric compares with the engine's);
 - per layer the Switch-Transformer load-balancing loss (transformers' `load_balancing_loss_func`: E x sum_e
   f_e P_e over the real tokens, f_e the share of top-k slots expert e got, P_e its mean router probability) and
   the tokens each expert got are kept (`aux_loss`, `expert_tokens`).
@@ -54,6 +56,7 @@ class _State:
     forced: Tensor | None  # [N, layers, k] long, -1: the router's own choice
     tokens: Tensor | None  # [N] bool, the real tokens (the loss and the load count only those); None: all
     chosen: dict[int, Tensor] = field(default_factory=dict)  # layer -> [N, k] indices used
+    own: dict[int, Tensor] = field(default_factory=dict)  # layer -> [N, k] the router's own top-k (before replay)
     aux: dict[int, Tensor] = field(default_factory=dict)  # layer -> scalar load-balancing loss (with grad)
     load: dict[int, Tensor] = field(default_factory=dict)  # layer -> [E] tokens per expert (real tokens)
 
@@ -96,6 +99,7 @@ class RoutingPatch:
             if not (isinstance(output, tuple) and len(output) == 3):
                 raise ValueError(f"{type(module).__name__} does not return (logits, weights, indices)")
             logits, weights, indices = output
+            state.own[layer] = indices.detach()
             if state.forced is not None:
                 forced = state.forced[:, layer].to(indices.device)
                 if forced.shape[0] != indices.shape[0]:
@@ -125,10 +129,18 @@ class RoutingPatch:
 
     def routing(self) -> Tensor:
         """The indices the last forward used, [N, layers, k] long."""
+        return self._stacked("chosen")
+
+    def own_routing(self) -> Tensor:
+        """The router's own top-k in the last forward, before any replay replaced it, [N, layers, k] long."""
+        return self._stacked("own")
+
+    def _stacked(self, name: str) -> Tensor:
         state = self.state
-        if state is None or len(state.chosen) != self.layers:
+        per_layer = getattr(state, name) if state is not None else {}
+        if len(per_layer) != self.layers:
             raise RuntimeError("no forward of every MoE layer ran inside RoutingPatch.active()")
-        return torch.stack([state.chosen[i] for i in range(self.layers)], dim=1)
+        return torch.stack([per_layer[i] for i in range(self.layers)], dim=1)
 
     def aux_loss(self) -> Tensor:
         """The load-balancing loss of the forwards so far, averaged over the MoE layers (0 without a forward)."""

@@ -14,7 +14,9 @@ a loss function, so the policy objective, a value loss or an SFT loss run throug
 A mixture-of-experts policy replays `TokenBatch.routing` where it is set (>= 0) in every forward, and a
 `logprobs(..., record_routing=True)` pass leaves the routing it used in the batch it was given (`batch.routing`,
 created if None), so routing replay R2 can replay the old-log-prob pass's routing in the update; a dense policy
-ignores both. Only a backend that declares `routing_replay` (yatt.backends) is asked to record.
+ignores both. A forward of a batch carrying `TokenBatch.engine_routing` compares its router's own top-k with it,
+and `routing_counts()` gives what those forwards counted (moe/routing_mismatch). Only a backend that declares
+`routing_replay` (yatt.backends) is asked to record or to count.
 
 `head` says what the model computes per response token. "lm": a causal LM, whose per-token outputs are
 log-probs (`logprobs`). "value": a value model for PPO's critic, the same decoder with one scalar per
@@ -47,6 +49,13 @@ class Trainer(Protocol):
     ) -> tuple[Tensor, Tensor | None]:
         """Per-token log-probs (and entropies) of the batch's own tokens under softmax(logits / batch.temperature),
         [B, L-1] on CPU, 0 outside the mask. head="lm" only."""
+        ...
+
+    def routing_counts(self) -> dict[str, float]:
+        """This rank's routing-mismatch counts since the last call, and reset: `routing/tokens` (the positions
+        compared, one per response token, of forwards whose batch carried engine_routing), `routing/tokens_differ`
+        (those whose router's own top-k, before any replay, differs from the engine's in some MoE layer), and the
+        same per token and MoE layer (`routing/layers`, `routing/layers_differ`)."""
         ...
 
     def values(self, batch: TokenBatch) -> Tensor:

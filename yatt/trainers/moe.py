@@ -8,12 +8,19 @@ mini-batches and packing; `forced` lays a micro-batch's routing out as the model
 what a forward recorded back per sample (a shared prompt's tokens take the routing of the one copy the packed
 row holds).
 
-Read: `MoE.forward` (one micro-batch: replay, record, measure) and `MoE.mini_batch_stats`.
+The routing mismatch: a micro-batch carrying `TokenBatch.engine_routing` (the engine's experts at the positions
+that predict its response tokens) has each such position's router's own top-k (before any replay) compared with
+the engine's, as sets per MoE layer, per sample (a shared prompt's last token counts for each of its samples);
+`MoE.routing_counts` gives the positions compared and those that differ (in any layer, and per layer) since it
+was last asked.
+
+Read: `MoE.active` (one micro-batch: replay, record, measure), `MoE.mini_batch_stats` and `MoE.routing_counts`.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +30,10 @@ from yatt.models.routing import RoutingPatch
 from yatt.tensors import TokenBatch
 from yatt.trainers.packing import ModelInputs
 
+# MoE.routing_counts' names: tokens compared, those whose top-k differs in any MoE layer, token-layers compared
+# (tokens x MoE layers), those that differ
+ROUTING_COUNTS = ("routing/tokens", "routing/tokens_differ", "routing/layers", "routing/layers_differ")
+
 
 def forced(mb: TokenBatch, inputs: ModelInputs, layers: int, top_k: int) -> Tensor | None:
     """mb.routing in the model's layout, [N, layers, k] (None: no routing to replay)."""
@@ -30,6 +41,16 @@ def forced(mb: TokenBatch, inputs: ModelInputs, layers: int, top_k: int) -> Tens
         return None
     routing = mb.routing[inputs.owner] if inputs.owner is not None else mb.routing  # packed: the row's tokens
     return routing.reshape(-1, layers, top_k)
+
+
+def mismatch_counts(own: Tensor, engine: Tensor) -> Tensor:
+    """ROUTING_COUNTS of the tokens where `engine` [N, layers, k] is set (>= 0), against `own` [N, layers, k]:
+    the top-k as sets, so the order within it does not count."""
+    compared = engine[:, 0, 0].to(own.device) >= 0
+    own, engine = own[compared].sort(dim=-1).values, engine.to(own.device)[compared].sort(dim=-1).values
+    differs = (own != engine).any(dim=-1)  # [n, layers]
+    n = float(compared.sum())
+    return torch.tensor([n, float(differs.any(dim=-1).sum()), n * own.shape[1], float(differs.sum())])
 
 
 def real_tokens(mb: TokenBatch, inputs: ModelInputs) -> Tensor | None:
@@ -63,11 +84,26 @@ class MoE:
         self.aux_loss_coef = float(default if aux_loss_coef is None else aux_loss_coef)
         self.load = torch.zeros(self.patch.layers, self.patch.num_experts)
         self.aux = 0.0
+        self.mismatch = torch.zeros(len(ROUTING_COUNTS))  # since routing_counts was last asked
 
-    def active(self, mb: TokenBatch, inputs: ModelInputs) -> AbstractContextManager[RoutingPatch]:
-        """Replay mb's routing (where set) and record this forward's; keep backward inside too (a recompute)."""
-        routing = forced(mb, inputs, self.patch.layers, self.patch.top_k)
-        return self.patch.active(routing, real_tokens(mb, inputs))
+    @contextmanager
+    def active(self, mb: TokenBatch, inputs: ModelInputs) -> Iterator[RoutingPatch]:
+        """Replay mb's routing (where set) and record this forward's; keep backward inside too (a recompute).
+        With mb.engine_routing, count the tokens whose router chose other experts than the engine's."""
+        layers, k = self.patch.layers, self.patch.top_k
+        with self.patch.active(forced(mb, inputs, layers, k), real_tokens(mb, inputs)) as patch:
+            yield patch
+            if mb.engine_routing is not None and len(patch.state.own) == layers:  # a forward ran
+                # per sample: a shared prompt's last token predicts each sample's first response token
+                own = per_sample(patch.own_routing(), mb, inputs).reshape(-1, layers, k)
+                self.mismatch += mismatch_counts(own, mb.engine_routing.reshape(-1, layers, k))
+
+    def routing_counts(self) -> dict[str, float]:
+        """This rank's ROUTING_COUNTS since the last call (and reset): tokens compared with the engine's routing,
+        those whose router's own top-k differs in any MoE layer; token-layers compared, and those that differ."""
+        counts = dict(zip(ROUTING_COUNTS, self.mismatch.tolist()))
+        self.mismatch.zero_()
+        return counts
 
     def recorded(self, mb: TokenBatch, inputs: ModelInputs) -> Tensor:
         """The routing the last forward used, per sample [B, L, layers x k] on CPU."""

@@ -14,7 +14,8 @@ the decoder's only; the vision tower trains unless `freeze_vision`.
 
 A mixture-of-experts policy (yatt.trainers.moe) replays a batch's `routing` where it is set, leaves the routing
 of a log-prob pass in `batch.routing` (routing replay R2 replays it in the update), adds the router's
-load-balancing loss (trainer.torch.router_aux_loss_coef) and reports the experts' load per mini-batch.
+load-balancing loss (trainer.torch.router_aux_loss_coef), reports the experts' load per mini-batch, and counts
+the tokens whose router chose other experts than the engine (a batch's `engine_routing`; `routing_counts`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, WeightVersion
 from yatt.trainers.base import Trainer
 from yatt.trainers.config import TrainerConfig
 from yatt.trainers.lora import Adapters
-from yatt.trainers.moe import MoE
+from yatt.trainers.moe import ROUTING_COUNTS, MoE
 from yatt.trainers.packing import ModelInputs, attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer, image_slots
 from yatt.trainers.sharding import full, fully_shard_model, like, local
@@ -219,6 +220,11 @@ class TorchTrainer:
         if self.head != "lm":
             raise ValueError(f"logprobs() of a {self.head}-head model; it has values()")
         return self._per_token(batch, with_entropy, record_routing)
+
+    def routing_counts(self) -> dict[str, float]:
+        """An MoE policy's routing-mismatch counts since the last call (yatt.trainers.moe.MoE.routing_counts; 0
+        for a dense model)."""
+        return self.moe.routing_counts() if self.moe is not None else dict.fromkeys(ROUTING_COUNTS, 0.0)
 
     def values(self, batch: TokenBatch) -> Tensor:
         """Per-token values ([B, L-1], zero outside the mask) of a head="value" model."""
