@@ -29,12 +29,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import harness
 from harness import pyplot, run_training, shown, slug, table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,19 +125,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.steps <= WARMUP_STEPS:
         parser.error(f"--steps: more than the {WARMUP_STEPS} warm-up steps")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="yatt-async-") as tmp:
-        for name in args.schedules:
-            print(f"{name} ...", flush=True)
-            rows.append(run_schedule(name, args, Path(tmp)))
-            r = rows[-1]
-            print(
-                f"  {r['samples_per_s']:.0f} samples/s, step {r['step_s']:.3f} s, trainer busy "
-                f"{r['trainer_busy']:.2f}, rollout busy {r['rollout_busy']:.2f}, accuracy {r['accuracy_end']:.3f}",
-                flush=True,
-            )
-    settings = {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    summary = lambda r: (  # noqa: E731
+        f"{r['samples_per_s']:.0f} samples/s, step {r['step_s']:.3f} s, trainer busy "
+        f"{r['trainer_busy']:.2f}, rollout busy {r['rollout_busy']:.2f}, accuracy {r['accuracy_end']:.3f}"
+    )
+    rows = harness.run_variants(
+        args.schedules, lambda name, work: run_schedule(name, args, work), summary, "yatt-async-"
+    )
+    settings = harness.settings(args)
+    commit = harness.commit()
     command = " ".join(["python benchmarks/async.py", *(shown(a) if a.startswith("/") else a for a in sys.argv[1:])])
     md = [
         f"# Rollout schedules: {shown(args.config)} {' '.join(args.overrides)}, {args.nproc} trainer rank(s) + "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from datetime import date
@@ -29,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
-
+import harness  # noqa: E402 (this folder is on sys.path: `python benchmarks/X.py`)
 import torch  # noqa: E402
 
 from yatt.distributed import World  # noqa: E402
@@ -114,7 +113,7 @@ def main() -> int:
     parser.add_argument("--out", default="benchmarks/results/delta_sync")
     args = parser.parse_args()
     torch.manual_seed(0)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    commit = harness.commit()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, (model_cfg, lora) in CASES.items():

@@ -11,6 +11,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,32 @@ def shown(path: str | Path) -> str:
     path = Path(path).resolve()
     root = Path(__file__).resolve().parents[1]
     return str(path.relative_to(root)) if path.is_relative_to(root) else path.name
+
+
+def run_variants(
+    names: list[str], run: Callable[[str, Path], dict], summary: Callable[[dict], str], prefix: str
+) -> list[dict]:
+    """`run(name, work)` for each variant in turn, in one temporary work folder, its `summary` printed as it ends."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for name in names:
+            print(f"{name} ...", flush=True)
+            rows.append(run(name, Path(tmp)))
+            print(f"  {summary(rows[-1])}", flush=True)
+    return rows
+
+
+def commit() -> str:
+    """The checkout's short commit, as results record it."""
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """A script's parsed arguments as results record them (paths shown relative: no machine paths)."""
+    return {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
 
 
 def slug(name: str) -> str:

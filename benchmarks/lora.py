@@ -29,12 +29,11 @@ from __future__ import annotations
 import argparse
 import shlex
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import harness
 from harness import run_training, shown, slug, table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,21 +125,17 @@ def main() -> int:
     from yatt.config import load_experiment
 
     lr = load_experiment(args.config, args.overrides).trainer.lr
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="yatt-lora-") as tmp:
-        for name in args.variants:
-            print(f"{name} ...", flush=True)
-            rows.append(run_variant(name, args, lr, Path(tmp)))
-            r = rows[-1]
-            print(
-                f"  step {r['step_s']:.2f} s, update {r['update_s']:.2f} s, sync {r['sync_s']:.3f} s "
-                f"({r['sync_mib']:.1f} MiB), peak RSS "
-                f"{r['peak_rss_gib']:.2f} GiB, checkpoint {r['checkpoint_mib']:.1f} MiB, accuracy "
-                f"{r['accuracy_start']:.3f} -> {r['accuracy_end']:.3f}",
-                flush=True,
-            )
-    settings = {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    summary = lambda r: (  # noqa: E731
+        f"step {r['step_s']:.2f} s, update {r['update_s']:.2f} s, sync {r['sync_s']:.3f} s "
+        f"({r['sync_mib']:.1f} MiB), peak RSS "
+        f"{r['peak_rss_gib']:.2f} GiB, checkpoint {r['checkpoint_mib']:.1f} MiB, accuracy "
+        f"{r['accuracy_start']:.3f} -> {r['accuracy_end']:.3f}"
+    )
+    rows = harness.run_variants(
+        args.variants, lambda name, work: run_variant(name, args, lr, work), summary, "yatt-lora-"
+    )
+    settings = harness.settings(args)
+    commit = harness.commit()
     command = shlex.join(
         ["python", "benchmarks/lora.py", *(shown(a) if a.startswith("/") else a for a in sys.argv[1:])]
     )

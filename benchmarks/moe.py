@@ -34,12 +34,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import harness
 from harness import run_training, shown, slug, write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,20 +180,14 @@ def main() -> int:
         return 0
     if args.steps <= 0:
         parser.error("--steps: at least 1")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="yatt-moe-") as tmp:
-        for name in args.variants:
-            print(f"{name} ...", flush=True)
-            rows.append(run_variant(name, args, Path(tmp)))
-            r = rows[-1]
-            print(
-                f"  log-prob gap mean {r['logprob_gap_mean']:.2e} max {r['logprob_gap_max']:.3f}, routing mismatch "
-                f"{r['routing_mismatch']:.3f}, accuracy {r['accuracy_start']:.3f} -> {r['accuracy_end']:.3f}, "
-                f"step {r['step_s']:.3f} s",
-                flush=True,
-            )
-    settings = {k: (shown(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    summary = lambda r: (  # noqa: E731
+        f"log-prob gap mean {r['logprob_gap_mean']:.2e} max {r['logprob_gap_max']:.3f}, routing mismatch "
+        f"{r['routing_mismatch']:.3f}, accuracy {r['accuracy_start']:.3f} -> {r['accuracy_end']:.3f}, "
+        f"step {r['step_s']:.3f} s"
+    )
+    rows = harness.run_variants(args.variants, lambda name, work: run_variant(name, args, work), summary, "yatt-moe-")
+    settings = harness.settings(args)
+    commit = harness.commit()
     argv = [shown(a) if a.startswith("/") else a for a in sys.argv[1:]]
     if "--note" in argv:  # the note is its own line of the report
         argv[argv.index("--note") + 1] = "TEXT"

@@ -31,7 +31,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
+import harness  # noqa: E402
 import torch  # noqa: E402
 from harness import smollm2_shaped  # noqa: E402 (this folder is on sys.path: `python benchmarks/X.py`)
 from safetensors.torch import load_file  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="benchmarks/results/weight_sync")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    commit = harness.commit()
     load_before = os.getloadavg()[0]  # the box may be shared: the load says how much the times are inflated
     rows, raw = [], {}
     with tempfile.TemporaryDirectory() as tmp:
