@@ -85,11 +85,10 @@ class ControllerShard(ShardState):
         # what the `train` role owns: the policy, the reference model, the critic
         trainers = lambda: [t for t in (self.trainer, self.ref, self.critic and self.critic.trainer) if t is not None]
         train = HookRole(lambda: [t.offload() for t in trainers()], lambda: [t.onload() for t in trainers()])
-        dynamic = cfg.algorithm.dynamic_sampling
+        dynamic, algo = cfg.algorithm.dynamic_sampling, cfg.algorithm
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
         # r3 or routing_mismatch: the engines return the experts of every token (replayed, or measured against)
-        routed = cfg.algorithm.engine_routing
-        self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id, routed)
+        self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id, algo.engine_routing)
         # rollout.agent: each sample a conversation of this loop (yatt.controllers.conversations); None: single_turn
         self.agent = Agent.build(cfg.rollout.agent, self.tokenizer) if cfg.rollout.multi_turn else None
         self.samples_trained = self.last_step = 0
@@ -146,8 +145,7 @@ class ControllerShard(ShardState):
             policy_trains = self.critic is None or not self.critic.warming_up(step)  # critic.warmup_steps
             with timer("logprobs"):
                 old_lp, entropy = old_logprobs(self.trainer, algo, batch, minis[0], self.ref is not None, policy_trains)
-                # the policy's routing mismatch only (a LoRA reference is the policy's own model)
-                ref_lp = self.ref.logprobs(replace(batch, engine_routing=None))[0] if self.ref else None
+                ref_lp = self.ref.logprobs(replace(batch, engine_routing=None))[0] if self.ref else None  # no mismatch
                 values = self.critic.values(batch) if self.critic else None
             with timer("advantages"):
                 inp = advantage_input(trained, batch, old_lp, ref_lp, values, algo, cfg.rollout.group_size, world)
