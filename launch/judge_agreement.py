@@ -20,7 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from yatt.agents.config import AgentConfig  # noqa: E402
 from yatt.config import load_experiment  # noqa: E402
+from yatt.controllers.conversations import Agent  # noqa: E402
 from yatt.controllers.images import load_batch_images  # noqa: E402
 from yatt.controllers.rollouts import encode_prompts, generate_rollouts  # noqa: E402
 from yatt.data.sources import load_shard  # noqa: E402
@@ -61,6 +63,7 @@ def measure(config: str, samples: int, seed: int = 0) -> dict:
             sampling,
             tokenizer,
             [seed * 1_000_003 + i * samples for i in range(len(rows))],
+            Agent.build(AgentConfig(), tokenizer),  # single_turn: one sampled response per sample
             images,
         )
     rule = [rule_score(r.text, r.row) >= 1.0 for r in rollouts]

@@ -167,6 +167,20 @@ def config(tmp_path, **rollout) -> ExperimentConfig:
     )
 
 
+def test_every_sample_goes_through_the_run_s_loop_and_one_call_loops_straight_to_the_engines():
+    """One generation path: the run always has an Agent; single_turn (one_call) hands the engines' pool back
+    untouched, so a prompt's G samples stay one batched request; a multi-turn loop runs conversations."""
+    from yatt.agents import build_loop
+    from yatt.agents.config import AgentConfig
+    from yatt.controllers.conversations import Agent
+
+    engines = FakePool(turn_model)
+    single = Agent(build_loop(AgentConfig(), CODEC))
+    assert not single.multi_turn and single.pool(engines) is engines
+    conversing = Agent(build_loop(AgentConfig(kind="tool_loop", tools={"c": {"kind": "calculator"}}), CODEC))
+    assert conversing.multi_turn and isinstance(conversing.pool(engines), ConversationPool)
+
+
 def test_config_rules(tmp_path):
     single = config(tmp_path)
     assert single.rollout.agent.kind == "single_turn" and not single.rollout.multi_turn

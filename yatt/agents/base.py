@@ -95,7 +95,14 @@ class AgentLoop(Protocol):
     """A conversation policy between the model and its environment. An `AGENT_LOOPS` entry is a class built once
     per run as ``Loop(cfg, tools, codec)`` (`cfg`: the `rollout.agent` section, `yatt.agents.config.AgentConfig`;
     `tools`: name -> built tool, `yatt.tools.toolbox.build_tools`), then `run` once per sample, possibly from
-    several threads at once (keep per-conversation state in `run`)."""
+    several threads at once (keep per-conversation state in `run`).
+
+    `one_call` (optional, default False): `run` is exactly one generate call whose result is the trajectory, every
+    token the model's (single_turn). Such a loop's samples go to the engines as they are, a prompt's G samples in
+    one request the engines batch and seed (yatt.controllers.conversations.Agent.pool), without a thread and a
+    call per sample."""
+
+    one_call: bool
 
     def __init__(self, cfg: Any, tools: dict[str, Tool], codec: Codec) -> None: ...
 

@@ -9,6 +9,8 @@ from yatt.tools.base import Tool
 
 
 class SingleTurn:
+    one_call = True  # the engines' own request of G samples is this loop (yatt.agents.base.AgentLoop)
+
     def __init__(self, cfg: Any, tools: dict[str, Tool], codec: Codec):
         self.codec = codec
 

@@ -76,8 +76,15 @@ class Agent:
     def build(cls, cfg: AgentConfig, tokenizer) -> Agent:
         return cls(build_loop(cfg, TokenizerCodec(tokenizer)), cfg.lockstep)
 
-    def pool(self, engines: EnginePool | ResumingPool) -> ConversationPool:
-        return ConversationPool(engines, self.loop, self.lockstep)
+    @property
+    def multi_turn(self) -> bool:
+        """Whether samples are conversations of several calls (anything but a one-call loop: single_turn)."""
+        return not getattr(self.loop, "one_call", False)
+
+    def pool(self, engines: EnginePool | ResumingPool) -> EnginePool | ResumingPool | ConversationPool:
+        """Where this loop's samples go: a conversation pool running the loop per sample, or, for a one-call loop
+        (AgentLoop.one_call), the engines themselves, which run that one call for a prompt's G samples at once."""
+        return ConversationPool(engines, self.loop, self.lockstep) if self.multi_turn else engines
 
 
 class ConversationPool:

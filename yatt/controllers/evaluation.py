@@ -34,16 +34,16 @@ def evaluate_greedy(
     image_inputs: ImageInputs | None,
     greedy: SamplingSpec,
     tokenizer,
-    agent: Agent | None = None,
+    agent: Agent,
 ) -> tuple[dict[str, float], list[Rollout]]:
     """The evaluation's metrics (the same on every rank) and this rank's scored rollouts (for samples.jsonl).
-    `agent`: greedy conversations of that loop (rollout.agent), with their tool-call counts as eval/agent/*."""
+    `agent`: how each sample unfolds (rollout.agent); a multi-turn loop's tool-call counts go in eval/agent/*."""
     start, rollouts = time.perf_counter(), []
     if rows:  # a rank may hold no held-out rows; it still joins the sums
         images = load_batch_images(rows, image_inputs, prompt_ids)  # read for this evaluation only
         with placement.own("rollout"):
             rollouts = generate_rollouts(
-                engines.pool(ROLLOUT, [world.rank]), rows, prompt_ids, greedy, tokenizer, None, images, agent
+                engines.pool(ROLLOUT, [world.rank]), rows, prompt_ids, greedy, tokenizer, None, agent, images
             )
         score_rollouts(rollouts)
     sums = summed(
@@ -55,6 +55,6 @@ def evaluate_greedy(
         },
     )
     metrics = {**eval_metrics(sums), "time/eval_s": time.perf_counter() - start}
-    if agent is not None:
+    if agent.multi_turn:
         metrics.update(agent_metrics(summed(world, agent_sums(rollouts)), "eval/agent"))
     return metrics, rollouts

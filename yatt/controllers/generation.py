@@ -199,11 +199,11 @@ def generate_and_judge(
     first_group: int = 0,
     before_judging: Callable[[], None] | None = None,
     images: list[PromptImages | None] | None = None,
-    agent: Agent | None = None,
+    agent: Agent,
 ) -> tuple[list[Rollout], GenerationStats]:
     """Rollouts in prompt order (group g = rows [g*G, (g+1)*G)) with rule and judge scores filled in.
-    `agent`: each sample is a conversation of that loop on the rollout engines (yatt.controllers.conversations),
-    a group going to the judges once its G conversations have ended; None: one request per prompt (single_turn).
+    `agent`: how each sample unfolds on the rollout engines (yatt.controllers.conversations: single_turn's one
+    request per prompt, or a conversation per sample), a group going to the judges once its G samples have ended.
     `images`: the rows' loaded images (yatt.controllers.images); engines get the placeholder ids and the bytes,
     the rollouts the expanded ids and the pixels, a vision-language judge the bytes with its own prompt
     (Judge.request). `first_group`: the index of rows[0]'s group in the data-parallel rank's batch
@@ -212,7 +212,7 @@ def generate_and_judge(
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
     images = images or [None] * len(rows)
-    rollout_pool = agent.pool(rollout_pool) if agent is not None else rollout_pool
+    rollout_pool = agent.pool(rollout_pool)
     rollout_pool.submit(
         [
             Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)

@@ -36,18 +36,18 @@ def generate_rollouts(
     sampling: SamplingSpec,
     tokenizer,
     seeds: list[int] | None,
+    agent: Agent,
     images: list[PromptImages | None] | None = None,
-    agent: Agent | None = None,
 ) -> list[Rollout]:
     """G samples per prompt, consecutive in the result (a GRPO group is rows [g*G, (g+1)*G)). `images`: the
-    rows' loaded images (yatt.controllers.images), None for text rows. `agent`: each sample is a conversation
-    of that loop (yatt.controllers.conversations); None: one generate call (single_turn).
+    rows' loaded images (yatt.controllers.images), None for text rows. `agent`: how each sample unfolds
+    (yatt.controllers.conversations: single_turn's one generate call, or a conversation).
 
     Through a pool, so an engine that dies during the call is replaced (or its prompts re-routed) and only
     its unanswered prompts are sent again, with the same seeds: the result is what a live engine gives."""
     seeds = seeds if seeds is not None else [None] * len(prompt_ids)
     images = images or [None] * len(rows)
-    pool = agent.pool(pool) if agent is not None else pool
+    pool = agent.pool(pool)
     pool.submit(
         [
             Request(f"p{i}", ids, seed, sampling, im.images if im else None)
@@ -105,12 +105,12 @@ def set_greedy_baselines(
     prompt_ids: list[list[int]],
     images: list[PromptImages | None],
     tokenizer,
-    agent: Agent | None = None,
+    agent: Agent,
 ) -> None:
     """ReMax, in place: one greedy response per prompt (a greedy conversation with an agent loop), generated
     right after its group and scored by the rule verifier (the config allows ReMax with reward.kind=rule only);
     its reward is each sample's baseline."""
-    responses = generate_rollouts(pool, rows, prompt_ids, greedy, tokenizer, None, images, agent)
+    responses = generate_rollouts(pool, rows, prompt_ids, greedy, tokenizer, None, agent, images)
     score_rollouts(responses)
     for i, g in enumerate(responses):
         for r in rollouts[i * group_size : (i + 1) * group_size]:

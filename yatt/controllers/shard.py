@@ -89,8 +89,8 @@ class ControllerShard(ShardState):
         self.sampler = DynamicSampler(dynamic) if dynamic.enabled else None
         # r3 or routing_mismatch: the engines return the experts of every token (replayed, or measured against)
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id, algo.engine_routing)
-        # rollout.agent: each sample a conversation of this loop (yatt.controllers.conversations); None: single_turn
-        self.agent = Agent.build(cfg.rollout.agent, self.tokenizer) if cfg.rollout.multi_turn else None
+        # rollout.agent: single_turn's one call per sample, or a conversation (yatt.controllers.conversations)
+        self.agent = Agent.build(cfg.rollout.agent, self.tokenizer)
         self.samples_trained = self.last_step = 0
         # rollout.schedule: when batches are made (this thread, or a producer thread ahead of the trainer), and on
         # which devices (yatt.controllers.schedule)
@@ -106,7 +106,7 @@ class ControllerShard(ShardState):
         metrics, balance_metrics = self.consume(batch.rollouts, step, timer)
         metrics.update(self.rollouts.placement_metrics(self.world, step, batch, timer, self.judges, bool(self.teacher)))
         metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, batch.rollouts)))
-        if self.agent is not None:  # from the rollouts as generated (balancing moves no agent counts)
+        if self.agent.multi_turn:  # from the rollouts as generated (balancing moves no agent counts)
             metrics.update(agent_metrics(summed(self.world, agent_sums(batch.rollouts)), "agent"))
         self.last_step = step
         return StepResult({**metrics, **sampling_metrics, **balance_metrics}, batch.rollouts, self.samples_trained)
