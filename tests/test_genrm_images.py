@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from yatt.agents.config import AgentConfig
 from yatt.config import load_experiment
 from yatt.config_loading import ConfigError
+from yatt.controllers.conversations import Agent
 from yatt.controllers.generation import JudgeLane, generate_and_judge
 from yatt.controllers.images import load_batch_images
 from yatt.data.jsonl import read_jsonl_shard
@@ -141,7 +143,7 @@ def test_judge_requests_carry_the_images_to_a_vl_judge_only(folders, tmp_path, b
         lanes = {"vl": JudgeLane(judges["vl"], Recording(vl)), "text": JudgeLane(judges["text"], Recording(text))}
         rollouts, stats = generate_and_judge(
             rows, prompt_ids, [1, 2, 3, 4], sampling, tok, EnginePool({"p": policy}), lanes,
-            step=1, run_seed=0, stream=True, images=images,
+            step=1, run_seed=0, stream=True, images=images, agent=Agent.build(AgentConfig(), tok),
         )  # fmt: skip
     assert len(rollouts) == 8 and stats.judged == 16
     assert all(set(r.judge_scores) == {"vl", "text"} for r in rollouts)

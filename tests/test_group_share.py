@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoTokenizer
 
+from yatt.agents.config import AgentConfig
+from yatt.controllers.conversations import Agent
 from yatt.controllers.generation import GenerationStats, GroupShare, JudgeLane, generate_and_judge
 from yatt.data.rows import PromptRow
 from yatt.distributed import World
@@ -78,7 +80,7 @@ def test_a_share_is_judged_with_the_whole_batchs_seeds(tmp_path):
         lane = JudgeLane(judge, AnswerAtOnce(answer))
         generate_and_judge(
             rows[part], ids[part], [7] * 4, sampling, tokenizer, AnswerAtOnce(answer), {"j": lane},
-            step=3, run_seed=0, stream=stream, first_group=part.start,
+            step=3, run_seed=0, stream=stream, first_group=part.start, agent=Agent.build(AgentConfig(), tokenizer),
         )  # fmt: skip
         return [r.seed for r in lane.pool.sent]
 
