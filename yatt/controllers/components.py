@@ -77,8 +77,7 @@ def build_components(cfg: ExperimentConfig, world: World, run_dir: Path, spawn: 
         run_dir,
         spawn,
         policy_weights=lambda: trainer.engine_weights(bucket_bytes),
-        # the delta sync (rollout.engine.delta_sync); a plug-in trainer without versions gets whole syncs
-        policy_versions=getattr(trainer, "weight_versions", None),
+        policy_versions=trainer.weight_versions,  # the delta sync (rollout.engine.delta_sync)
     )
     return Components(
         tokenizer=load_tokenizer(cfg.model.path),
