@@ -92,3 +92,20 @@ def test_a_failing_main_thread_waits_for_the_verdict(store):
         assert lines[0].startswith("lost node 1 (10.0.0.2") and lines[1:] == [1]
     finally:
         node0.stop(), node1.stop()
+
+
+def test_a_beat_sent_before_the_peer_died_is_no_sign_of_life(store):
+    """The main thread fails (a collective saw the closed socket) right after the peer's last beat, which the watch
+    has not read yet: that beat must not make the verdict 'alive' (CI once printed the socket error instead of the
+    line naming the node)."""
+    lines: list = []
+    node0, node1 = watch(store, 0, lines, 1.2), watch(store, 1, lines, 1.2)
+    node0.tick(time.monotonic()), node1.tick(time.monotonic())
+    node1.tick(time.monotonic())  # its last beat, then it dies; node 0 has not looked since
+    since = time.monotonic()
+    node0.start()
+    try:
+        node0.wait_verdict(since)  # returns once the watch has reported (here the exit is recorded, not made)
+        assert lines and lines[0].startswith("lost node 1 (10.0.0.2") and lines[1:] == [1], lines
+    finally:
+        node0.stop()

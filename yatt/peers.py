@@ -102,6 +102,7 @@ class PeerWatch:
         self.counts = {p.rank: -1 for p in self.watched}
         self.moved = {p.rank: now for p in self.watched}  # when each watched counter last moved
         self.store_ok = now
+        self.looked = -float("inf")  # when the last tick began (its reads of the counters came after)
         self.stopped: set[int] = set()  # watched ranks that left on their own
         self.lost: str | None = None
         self.changed = threading.Condition()
@@ -156,17 +157,25 @@ class PeerWatch:
                 )
         finally:
             with self.changed:
+                self.looked = now
                 self.changed.notify_all()
         return None
 
     def wait_verdict(self, since: float) -> None:
-        """Wait until every watched node is known alive after `since` (beat since, or stopped on its own), or,
-        when one is lost, for the watch to report it and end the process (this call then never returns)."""
-        deadline = since + self.timeout_s + 2 * self.interval_s
+        """Wait until every watched node is known alive after `since` (stopped on its own, or a beat sent after
+        it), or, when one is lost, for the watch to report it and end the process (this call then never returns).
+
+        A beat sent after `since` is a count that grew after a look made after `since`: the first such look may
+        still find a beat sent just before the peer died (a count that moved since the look before)."""
+        deadline = since + self.timeout_s + 3 * self.interval_s  # a loss is reported within timeout + one beat
+        first: dict[int, int] | None = None  # the counts of the first look after `since`
         with self.changed:
             while self.thread.is_alive() and (self.lost or time.monotonic() < deadline):
-                if not self.lost and all(self.moved[p.rank] > since or p.rank in self.stopped for p in self.watched):
-                    return
+                if not self.lost and first is None and self.looked > since:
+                    first = dict(self.counts)
+                if first is not None and not self.lost:
+                    if all(self.counts[p.rank] > first[p.rank] or p.rank in self.stopped for p in self.watched):
+                        return
                 self.changed.wait(self.interval_s)
 
     def stop(self) -> None:
