@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
@@ -61,3 +62,23 @@ def nucleus_log_mass(
     logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].float() / temperature
     probs = torch.softmax(logits, -1).sort(dim=-1, descending=True).values
     return torch.log(probs.masked_fill(probs.cumsum(-1) - probs > top_p, 0.0).sum(-1))
+
+
+class PushAfter:
+    """The producer's view of a trainer that pushes `weights` 50 ms after the first of its `requests` groups is
+    back (a `Preemption` of `self.pool`): with one request per engine batch, the next one is then decoding and the
+    rest are queued."""
+
+    def __init__(self, client, weights, requests: int):
+        self.client, self.weights, self.requests = client, weights, requests
+        self.version, self.pool, self.first = 0, None, None
+
+    def pending(self) -> bool:
+        if self.first is None and len(self.pool.samples) < self.requests:
+            self.first = time.monotonic()
+        return self.version == 0 and self.first is not None and time.monotonic() - self.first > 0.05
+
+    def pause(self) -> int:
+        self.client.update_weights(self.weights)
+        self.version = 1
+        return 1

@@ -47,7 +47,9 @@ class Combination(NamedTuple):
     export_hf: bool  # checkpoint.export_hf, with a checkpoint at the last step
     algorithm: str  # grpo | ppo (GAE advantages from a critic) | distill (on-policy distillation from a teacher)
     dynamic: bool  # algorithm.dynamic_sampling.enabled
-    schedule: str  # sync | one_step_off (rollout.schedule.mode: the next batch generated while this one trains)
+    # sync | one_step_off (rollout.schedule.mode: the next batch generated while this one trains; an MoE policy's
+    # single-turn runs also resume the requests a push cuts, in_flight=resume, so r3 replays resumed samples)
+    schedule: str
     lora: bool  # model.lora (rank 2, merged sync)
     policy: str  # dense | moe (a tiny Qwen3-MoE; routing replay r3 on the torch backend, which alone replays)
     agent: str = "single_turn"  # single_turn | tool_loop (rollout.agent: the calculator, 2 turns, in lockstep)
@@ -244,6 +246,7 @@ def config_of(tmp: Path, c: Combination, body: str, vl: tuple[Path, Path] | None
         *(["algorithm.advantage.kind=gae"] if c.algorithm == "ppo" else []),
         *(distill_overrides(tmp) if c.algorithm == "distill" else []),
         f"rollout.schedule.mode={c.schedule}",
+        *(["rollout.schedule.in_flight=resume"] if resumes(c) else []),
         *(["model.lora.rank=2", "model.lora.alpha=4"] if c.lora else []),
         *(["algorithm.routing_replay=r3"] if c.policy == "moe" and c.backend in TORCH else []),
         *([f"rollout.agent={TOOL_LOOP}"] if c.agent == "tool_loop" else []),
@@ -280,6 +283,11 @@ def distill_overrides(tmp: Path) -> list[str]:
 
 def records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def resumes(c: Combination) -> bool:
+    """An MoE policy's single-turn ahead runs resume the requests a push cuts (in_flight=resume, with r3)."""
+    return c.schedule != "sync" and c.policy == "moe" and c.agent == ST
 
 
 def feature_keys(c: Combination) -> list[str]:

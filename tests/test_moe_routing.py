@@ -147,7 +147,7 @@ def test_train_steps_report_expert_load_and_the_aux_loss(folder, rollouts):
         (["rollout.engine.backend=vllm"], "does not return routed experts"),
         (["algorithm.routing_replay=r2", "algorithm.old_logprobs=rollout"], "skips"),
         (["trainer.backend=megatron", "trainer.torch=null"], "does not replay MoE routing"),
-        (["rollout.schedule.mode=one_step_off", "rollout.schedule.in_flight=resume"], "in_flight=resume"),
+        (["rollout.agent.kind=tool_loop", "rollout.agent.tools.c.kind=calculator"], "r3 with rollout.agent.kind"),
         # measured only (no replay): the engine must still return its experts, the trainer count them
         (
             ["algorithm.routing_replay=off", "algorithm.routing_mismatch=true", "rollout.engine.backend=vllm"],
@@ -273,3 +273,57 @@ def test_a_step_counts_every_sample_once_with_the_pre_update_weights(folder, rol
     totals = policy_update(t, algorithm, WORLD, batch, epochs, entropy, norm_length=6)
     got = {k: v for k, v in totals.items() if k.startswith("routing/")}
     assert got == want and want["routing/tokens_differ"] > 0
+
+
+def test_a_resumed_sample_replays_the_forward_that_sampled_its_last_tokens(folder, tmp_path):
+    """Partial rollouts with r3 (rollout.schedule.in_flight: resume): requests cut by a push of new weights (every
+    router nudged) resume on them in a real engine process. Each sample's routing covers its prompt and tokens, and
+    the trainer replaying it gives the engine's log-probs of every token sampled after the push, on the new
+    weights, as it does on the old weights for the samples finished before it."""
+    import shutil
+
+    from engine_refs import PushAfter
+    from transformers import AutoModelForCausalLM
+
+    from yatt.engines.client import spawn_engine
+    from yatt.engines.pool import EnginePool, Request
+    from yatt.engines.resume import ResumingPool
+
+    nudged = tmp_path / "nudged"
+    shutil.copytree(folder, nudged)
+    model = AutoModelForCausalLM.from_pretrained(nudged, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for router in RoutingPatch(model).routers:
+            router.weight.add_(torch.randn_like(router.weight) * 0.5)
+    model.save_pretrained(nudged)
+    weights = [(n, p.detach()) for n, p in model.named_parameters()]
+    original = [(n, p.detach()) for n, p in AutoModelForCausalLM.from_pretrained(folder).named_parameters()]
+    prompts = [[4, 5, 13, 6, 14], [7, 13, 8, 8, 14]] * 4
+    sp = SamplingSpec(n=3, temperature=1.0, max_tokens=100, routed_experts=True)
+    cfg = EngineConfig(backend="hf", max_num_seqs=3, startup_timeout_s=120)  # one request per engine batch
+    client = spawn_engine(folder, cfg, seed=0, log_path=tmp_path / "engine.log")
+    try:
+        for _ in range(3):  # where the cut falls is the threads' timing: until a sample is cut mid-decode
+            client.update_weights(original)
+            preemption = PushAfter(client, weights, requests=len(prompts))
+            pool = preemption.pool = ResumingPool(EnginePool({"e": client}), preemption)
+            pool.submit([Request(f"g{i}", p, 10 * i, sp) for i, p in enumerate(prompts)])
+            done = pool.drain()
+            samples = [(prompts[i], c) for i in range(len(prompts)) for c in done[f"g{i}"]]
+            if any(0 < c.versions.count(0) < len(c.token_ids) for _, c in samples):
+                break
+    finally:
+        client.close()
+    assert any(0 < c.versions.count(0) < len(c.token_ids) for _, c in samples), "no sample was cut mid-decode"
+    for weights_of, version in ((folder, 0), (nudged, 1)):
+        rows = [(p, c) for p, c in samples if version in c.versions and (version or 1 not in c.versions)]
+        for prompt, c in rows:
+            assert len(c.routed_experts) == len(prompt) + len(c.token_ids)
+        rollouts = [Rollout(None, p, c.token_ids, c.logprobs, c.finish_reason, routed_experts=c.routed_experts)
+                    for p, c in rows]  # fmt: skip
+        batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+        sampled_so = batch.per_token([[float(v == version) for v in c.versions] for _, c in rows]).bool()
+        lp, _ = trainer(weights_of).logprobs(batch)
+        gap = (lp - batch.extras["rollout_logprobs"])[sampled_so & batch.mask.bool()]
+        assert gap.numel() and gap.abs().max() < 1e-4, (version, gap.abs().max())

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_refs import TEXTS, load_policies, two_policies
+from engine_refs import TEXTS, PushAfter, load_policies, two_policies
 from transformers import AutoTokenizer
 
 from yatt.engines.base import SamplingSpec, generate
@@ -108,24 +108,6 @@ def whole_and_resumed(engines, prompt, seed, comp, j):
     return k, head, tail
 
 
-class PushAfter:
-    """The producer's view of a trainer that pushes B's weights 50 ms after the first group is back (a
-    `Preemption`): with one request per engine batch, the next one is then decoding and the rest are queued."""
-
-    def __init__(self, client, weights):
-        self.client, self.weights, self.version, self.pool, self.first = client, weights, 0, None, None
-
-    def pending(self) -> bool:
-        if self.first is None and len(self.pool.samples) < 8:
-            self.first = time.monotonic()
-        return self.version == 0 and self.first is not None and time.monotonic() - self.first > 0.05
-
-    def pause(self) -> int:
-        self.client.update_weights(self.weights)
-        self.version = 1
-        return 1
-
-
 @pytest.mark.slow  # CI: tests/test_async_e2e.py's partial rollouts on vLLM engines, end to end (every token's
 # version kept, samples resumed on the new weights, a checkpoint of them resumed after kill -9)
 def test_resuming_pool_interrupts_pushes_and_resumes_on_the_new_weights(folders, engines, prompts, tmp_path) -> None:
@@ -134,7 +116,7 @@ def test_resuming_pool_interrupts_pushes_and_resumes_on_the_new_weights(folders,
     client = spawn_engine(folders["A"], cfg, seed=0, log_path=tmp_path / "engine.log")
     b = load_policies({"B": folders["B"]})["B"]
     try:
-        preemption = PushAfter(client, [(n, p.detach()) for n, p in b.named_parameters()])
+        preemption = PushAfter(client, [(n, p.detach()) for n, p in b.named_parameters()], requests=8)
         pool = preemption.pool = ResumingPool(EnginePool({"e": client}), preemption)
         pool.submit([Request(f"g{i}", p, s, LONG) for i, (p, s) in enumerate(zip(prompts * 2, SEEDS * 2))])
         done = pool.drain()

@@ -273,11 +273,6 @@ def _routing_r3_turns(cfg: Any) -> str | None:
             f"algorithm.{what} with rollout.agent.kind={cfg.rollout.agent.kind} is not implemented (an "
             f"agent loop's trajectories do not carry the engine's routing); use {instead}"
         )
-    if cfg.rollout.schedule.in_flight == "resume":
-        return (
-            f"algorithm.{what} with rollout.schedule.in_flight=resume is not implemented (a resumed "
-            f"sample's routing is not joined across engines); use in_flight=finish or {instead}"
-        )
     return None
 
 
@@ -435,8 +430,8 @@ REFUSALS: list[Refusal] = [
             "R3 replays the experts the engine routed to; vLLM 0.32 captures them on GPUs only", _routing_engine),
     Refusal("algorithm.routing_replay=r2 + algorithm.old_logprobs=rollout",
             "R2 replays the routing of the trainer's old-log-prob pass, which rollout skips", _routing_r2_without_pass),
-    Refusal("algorithm.routing_replay=r3 or routing_mismatch + an agent loop, or rollout.schedule.in_flight=resume",
-            "the engine's routing is not carried through turns or resumed samples yet", _routing_r3_turns),
+    Refusal("algorithm.routing_replay=r3 or routing_mismatch + an agent loop",
+            "the engine's routing is not carried through a conversation's turns yet", _routing_r3_turns),
     Refusal("placement.mode=partial + fewer ranks than min_rollout_devices + min_genrm_devices",
             "each role needs its devices", _partial_devices, launch=True),
     Refusal("data.prompts_per_step not splitting over the data-parallel ranks and mini-batches",

@@ -8,7 +8,9 @@ prompt plus the tokens it has, for the tokens it has left, on the new weights. T
 of `poll` once, with every sample's tokens and the engine log-probs of the weights that sampled each token,
 and `Completion.versions`, the weights version of each token. A resumed sample's earlier tokens are prefilled
 again on the new weights (no KV cache is kept across the push): their log-probs stay the old weights', as
-the rollout IS correction needs.
+the rollout IS correction needs. An MoE engine's routing (`Completion.routed_experts`, routing replay r3) is
+the last forward's: the continuation's prefill routes the prompt and the earlier tokens again on the new weights,
+so the routing replayed is that of one forward the engine made, the one that sampled the latest tokens.
 """
 
 from __future__ import annotations
@@ -50,13 +52,18 @@ class _Sample:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routed: list[list[int]] = field(default_factory=list)  # the last forward's, over prompt + tokens
     finish: str = ""  # "" while unfinished
 
     def extend(self, c: Completion, version: int) -> None:
         self.tokens += c.token_ids
         self.logprobs += c.logprobs
         self.versions += [version] * len(c.token_ids)
+        self.routed = c.routed_experts or self.routed  # none: a queued request interrupted before its prefill
         self.finish = "" if c.finish_reason == "interrupted" else c.finish_reason
+
+    def completion(self) -> Completion:
+        return Completion(self.tokens, self.logprobs, self.finish, self.versions, self.routed)
 
 
 class ResumingPool:
@@ -92,9 +99,7 @@ class ResumingPool:
             for j, c in zip(range(len(completions)) if sample < 0 else [sample], completions):
                 self.samples[key][j].extend(c, version)
             if all(s.finish for s in self.samples[key]):
-                out.append(
-                    (key, [Completion(s.tokens, s.logprobs, s.finish, s.versions) for s in self.samples.pop(key)])
-                )
+                out.append((key, [s.completion() for s in self.samples.pop(key)]))
                 del self.requests[key]
         if self.pool.in_flight() == 0 and self.samples and (self.interrupting or self.preemption.pending()):
             self._resume(self.preemption.pause())
