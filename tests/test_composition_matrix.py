@@ -83,15 +83,13 @@ TORCH = ("torch", "fsdp2")
 
 def allowed(c: Combination) -> bool:
     """What yatt refuses (yatt.refusals): partial placement without a judge or a distillation teacher (it splits the
-    devices between rollout and them); LoRA on the megatron backend; routing replay r3 (the torch backend's MoE
-    policy replays it) with an agent loop; with a vision-language policy (image prompts), LoRA, agent loops,
-    distillation and PPO's critic. And what the matrix's models are: the VL policy is dense, megatron's MoE policy
-    is the EP=2 one (ep2, no other policy; tp2 and pp2 are dense)."""
+    devices between rollout and them); LoRA on the megatron backend; with a vision-language policy (image prompts),
+    LoRA, agent loops, distillation and PPO's critic. And what the matrix's models are: the VL policy is dense,
+    megatron's MoE policy is the EP=2 one (ep2, no other policy; tp2 and pp2 are dense)."""
     partial_without_judge = c.placement == "partial" and c.reward == "rule" and c.algorithm != "distill"
-    r3_turns = c.policy == "moe" and c.agent != "single_turn" and c.backend in TORCH
     vl = c.prompts == "images" and (c.algorithm != "grpo" or c.lora or c.agent != "single_turn" or c.policy == "moe")
     megatron = c.backend in MEGATRON and (c.lora or (c.policy == "moe") != (c.backend == "ep2"))
-    return not (partial_without_judge or r3_turns or vl or megatron)
+    return not (partial_without_judge or vl or megatron)
 
 
 # a seeded greedy search, pruned of rows the others made redundant (test_the_matrix_covers_every_allowed_pair keeps
@@ -114,7 +112,7 @@ COMBINATIONS = [
     Combination("ep2", "full", "genrm", False, False, "ppo", True, "sync", False, "moe"),
     Combination("pp2", "partial", "mixed", False, False, "ppo", False, "one_step_off", False, "dense"),
     Combination("tp2", "full", "genrm", False, False, "grpo", False, "sync", False, "dense", ST, "images"),
-    Combination("fsdp2", "full", "genrm", False, False, "grpo", True, "one_step_off", True, "moe"),
+    Combination("fsdp2", "full", "genrm", False, False, "grpo", True, "one_step_off", True, "moe", TOOLS),
     Combination("fsdp2", "partial", "mixed", False, False, "distill", True, "one_step_off", False, "dense"),
 ]
 # none: 9-36 s each on 2 CPU cores (the resume test ~1 min)

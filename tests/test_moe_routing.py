@@ -11,7 +11,7 @@ import torch
 from yatt.controllers.policy import routing_of, token_batch
 from yatt.data.rollout import Rollout
 from yatt.distributed import World
-from yatt.engines.base import SamplingSpec, generate
+from yatt.engines.base import Completion, SamplingSpec, generate
 from yatt.engines.config import EngineConfig
 from yatt.engines.hf_engine import HFEngine
 from yatt.models.routing import RoutingPatch
@@ -147,7 +147,6 @@ def test_train_steps_report_expert_load_and_the_aux_loss(folder, rollouts):
         (["rollout.engine.backend=vllm"], "does not return routed experts"),
         (["algorithm.routing_replay=r2", "algorithm.old_logprobs=rollout"], "skips"),
         (["trainer.backend=megatron", "trainer.torch=null"], "does not replay MoE routing"),
-        (["rollout.agent.kind=tool_loop", "rollout.agent.tools.c.kind=calculator"], "r3 with rollout.agent.kind"),
         # measured only (no replay): the engine must still return its experts, the trainer count them
         (
             ["algorithm.routing_replay=off", "algorithm.routing_mismatch=true", "rollout.engine.backend=vllm"],
@@ -171,7 +170,7 @@ def test_routing_replay_refusals_are_in_the_table(overrides, says):
     from yatt.config_loading import ConfigError, load_config
     from yatt.refusals import REFUSALS
 
-    assert sum("routing_replay" in r.fields for r in REFUSALS) == 4
+    assert sum("routing_replay" in r.fields for r in REFUSALS) == 3
     config = Path(__file__).resolve().parents[1] / "configs/quickstart_moe.yaml"
     with pytest.raises(ConfigError, match=says):
         load_config(ExperimentConfig, config, overrides)
@@ -327,3 +326,53 @@ def test_a_resumed_sample_replays_the_forward_that_sampled_its_last_tokens(folde
         lp, _ = trainer(weights_of).logprobs(batch)
         gap = (lp - batch.extras["rollout_logprobs"])[sampled_so & batch.mask.bool()]
         assert gap.numel() and gap.abs().max() < 1e-4, (version, gap.abs().max())
+
+
+class TwoTurns:
+    """An agent loop that always converses: a model turn, environment ids, a second model turn on all of it."""
+
+    def run(self, prompt_ids, generate, max_new_tokens, seed):
+        from yatt.agents.base import Trajectory
+
+        t = Trajectory(list(prompt_ids))
+        for turn, tool in enumerate(([4, 13, 5, 14], [6, 6])):
+            ids, lps, t.finish_reason = generate(t.prompt_ids + t.response_ids, 8, seed + turn)
+            t.append(ids, lps)
+            t.append(tool, None)  # the last environment ids follow the last model turn
+            t.num_turns += 1
+        return t
+
+
+def test_a_conversation_replays_its_last_turns_forward(folder, tmp_path):
+    """r3 with an agent loop: each trajectory carries the routing of its last turn, whose prefill saw the earlier
+    turns and environment ids (-1 after it); the trainer replaying it gives the engine's log-probs of the model
+    tokens of every turn. A loop whose last prompt is not its trajectory's start is refused in one line."""
+    from yatt.controllers.conversations import ConversationPool, agent_rollouts, last_turn_routing
+    from yatt.data.rows import PromptRow
+    from yatt.engines.client import spawn_engine
+    from yatt.engines.pool import EnginePool, Request
+
+    prompts = [[4, 5, 13, 6, 14], [7, 13, 8, 8, 14]]
+    sp = SamplingSpec(n=3, temperature=1.0, max_tokens=40, routed_experts=True)
+    client = spawn_engine(folder, EngineConfig(backend="hf", startup_timeout_s=120), seed=0, log_path=tmp_path / "log")
+    try:
+        pool = ConversationPool(EnginePool({"e": client}), TwoTurns())
+        pool.submit([Request(f"g{i}", p, 10 * i, sp) for i, p in enumerate(prompts)])
+        done = pool.drain(timeout_s=120)
+    finally:
+        client.close()
+    rollouts = [
+        r for i, p in enumerate(prompts) for r in agent_rollouts(PromptRow(i, "p", None, "", "x"), p, done[f"g{i}"])
+    ]
+    for r in rollouts:
+        assert len(r.routed_experts) == len(r.prompt_ids) + len(r.response_ids)
+        assert r.routed_experts[-3:] == [[-1] * 4] * 3  # the last model token and the two environment ids after it
+        assert all(0 <= e < 4 for t in r.routed_experts[:-3] for e in t)
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    lp, _ = trainer(folder).logprobs(batch)
+    model = batch.mask.bool()
+    assert model.sum() > batch.mask.shape[0] * 2  # both turns' tokens are in the loss
+    assert (lp - batch.extras["rollout_logprobs"])[model].abs().max() < 1e-4
+    t = done["g0"][0]
+    with pytest.raises(ValueError, match="not the start of the trajectory"):
+        last_turn_routing(t, [9] + t.prompt_ids, Completion([], [], "stop", routed_experts=[[0, 1, 0, 1]]))

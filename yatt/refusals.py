@@ -263,19 +263,6 @@ def _routing_r2_without_pass(cfg: Any) -> str | None:
     return None
 
 
-def _routing_r3_turns(cfg: Any) -> str | None:
-    if not cfg.algorithm.engine_routing:
-        return None
-    what = "routing_replay=r3" if cfg.algorithm.routing_replay == "r3" else "routing_mismatch"
-    instead = "routing_replay=r2" if what == "routing_replay=r3" else "routing_mismatch=false"
-    if cfg.rollout.multi_turn:
-        return (
-            f"algorithm.{what} with rollout.agent.kind={cfg.rollout.agent.kind} is not implemented (an "
-            f"agent loop's trajectories do not carry the engine's routing); use {instead}"
-        )
-    return None
-
-
 # ---- launch: the ranks launched, a model folder's config.json -------------------------------------------------
 def _partial_devices(cfg: Any, world_size: int) -> str | None:
     p = cfg.placement
@@ -430,8 +417,6 @@ REFUSALS: list[Refusal] = [
             "R3 replays the experts the engine routed to; vLLM 0.32 captures them on GPUs only", _routing_engine),
     Refusal("algorithm.routing_replay=r2 + algorithm.old_logprobs=rollout",
             "R2 replays the routing of the trainer's old-log-prob pass, which rollout skips", _routing_r2_without_pass),
-    Refusal("algorithm.routing_replay=r3 or routing_mismatch + an agent loop",
-            "the engine's routing is not carried through a conversation's turns yet", _routing_r3_turns),
     Refusal("placement.mode=partial + fewer ranks than min_rollout_devices + min_genrm_devices",
             "each role needs its devices", _partial_devices, launch=True),
     Refusal("data.prompts_per_step not splitting over the data-parallel ranks and mini-batches",

@@ -77,6 +77,9 @@ class Trajectory:
     tool_errors: int = 0  # well-formed calls whose result had an error
     text: str = ""  # the whole response decoded without special tokens (tool responses included)
     final_text: str = ""  # the last model turn decoded without special tokens: what a verifier usually scores
+    # an MoE engine's routing of every prompt and response id (routing replay r3): set by the conversation pool
+    # from the last turn's forward (yatt.controllers.conversations), not by the loop
+    routed_experts: list[list[int]] = field(default_factory=list)
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Add a model turn (`logprobs` given, mask 1) or environment tokens (None: mask 0, log-prob 0.0)."""

@@ -126,13 +126,12 @@ class ConversationPool:
 
     def _converse(self, req: Request, sample: int) -> None:
         """A conversation thread: the loop's `run`, its turns sent through the caller's thread."""
-        turns = 0
+        turns: list[_Turn] = []
 
         def generate(prompt_ids: list[int], max_tokens: int, seed: int) -> tuple[list[int], list[float], str]:
-            nonlocal turns
-            key = f"{req.key}/c{sample}/t{turns}"
-            turns += 1
+            key = f"{req.key}/c{sample}/t{len(turns)}"
             turn = _Turn(Request(key, list(prompt_ids), seed, self._turn_spec(req.sampling, max_tokens)))
+            turns.append(turn)
             self.events.put(turn)
             turn.done.wait()
             c = turn.completion
@@ -142,6 +141,8 @@ class ConversationPool:
             result = self.loop.run(
                 list(req.prompt), generate, req.sampling.max_tokens, conversation_seed(req.seed, sample)
             )
+            if turns and turns[-1].completion.routed_experts:
+                result.routed_experts = last_turn_routing(result, turns[-1].request.prompt, turns[-1].completion)
         except BaseException as e:  # handed to the caller's thread, which raises it
             result = e
         self.events.put((req.key, sample, result))
@@ -209,6 +210,19 @@ class ConversationPool:
         return self.pool.take_metrics(prefix)
 
 
+def last_turn_routing(t: Trajectory, prompt: list[int], last: Completion) -> list[list[int]]:
+    """A conversation's MoE routing (routing replay r3): its last turn's forward, which prefilled every earlier
+    id (the turn's prompt is the trajectory so far: token in, token out), then -1 (the trainer's router) for
+    environment ids after it. So the routing replayed is that of one forward the engine made."""
+    ids, seen = t.prompt_ids + t.response_ids, prompt + last.token_ids
+    if ids[: len(seen)] != seen:
+        raise ValueError(
+            "routing replay r3: the last turn's prompt and completion are not the start of the trajectory's ids "
+            "(a loop that re-tokenizes the history), so its routing cannot be replayed; use routing_replay=r2"
+        )
+    return last.routed_experts + [[-1] * len(last.routed_experts[0])] * (len(ids) - len(seen))
+
+
 def agent_rollouts(row: PromptRow, prompt_ids: list[int], trajectories: list[Trajectory]) -> list[Rollout]:
     """One prompt's rollouts from its conversations: the whole response (model and environment tokens, with the
     mask), the engine's log-probs of the model tokens (0.0 under mask 0), the last model turn as the text the
@@ -236,6 +250,7 @@ def agent_rollouts(row: PromptRow, prompt_ids: list[int], trajectories: list[Tra
                 t.finish_reason,
                 text=t.final_text,
                 response_mask=list(t.response_mask),
+                routed_experts=t.routed_experts,
                 agent_stats={name: float(getattr(t, name)) for name in AGENT_STATS},
             )
         )
