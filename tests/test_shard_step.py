@@ -159,8 +159,8 @@ def test_the_step_follows_the_configured_algorithm(shard):
         "approx_kl",
         "approx_kl_k2",
     )
-    state = shard.state_dict()
-    assert shard.replicated == ("trainer", "train_stream", "ranks")
+    state = shard.checkpoint.state_dict()
+    assert shard.checkpoint.replicated == ("trainer", "train_stream", "ranks")
     assert set(state) >= {"trainer", "train_stream", "rng", "progress", "ranks"}
 
 
@@ -251,11 +251,11 @@ def test_adaptive_kl_coefficient_moves_and_is_checkpointed(shard):
     # a horizon of 64: x .8
     assert metrics["actor/kl_coef"] == 0.1 and metrics["actor/kl_ref"] == 0.0
     assert shard.algorithm.kl_coef == pytest.approx(0.08)
-    state = {k: dict(v) if k == "kl_control" else v for k, v in shard.state_dict().items()}
+    state = {k: dict(v) if k == "kl_control" else v for k, v in shard.checkpoint.state_dict().items()}
     metrics = shard.step(2).metrics  # now the policy moved: KL above the 1e-6 target, x 1.2
     assert metrics["actor/kl_coef"] == pytest.approx(0.08) and metrics["actor/kl_ref"] > 1e-6
     assert shard.algorithm.kl_coef == pytest.approx(0.096)
-    shard.load_state_dict(state)
+    shard.checkpoint.load_state_dict(state)
     assert shard.algorithm.kl_coef == pytest.approx(0.08)
 
 

@@ -48,12 +48,12 @@ def test_values_feed_gae_and_both_models_train(ppo, monkeypatch):
 
 def test_the_critic_is_in_checkpoints(ppo):
     shard, _ = ppo
-    assert shard.replicated == ("trainer", "critic", "train_stream", "ranks")
-    state = shard.state_dict()
+    assert shard.checkpoint.replicated == ("trainer", "critic", "train_stream", "ranks")
+    state = shard.checkpoint.state_dict()
     saved = {k: v.clone() for k, v in state["critic"]["model"].items()}
     shard.step(1)
     assert shard.critic.trainer.optimizer_steps == 2
-    shard.load_state_dict({**state, "critic": {**state["critic"], "model": saved}})
+    shard.checkpoint.load_state_dict({**state, "critic": {**state["critic"], "model": saved}})
     assert all(torch.equal(saved[k], v) for k, v in shard.critic.trainer.named_weights())
 
 

@@ -74,7 +74,7 @@ if _SPEC and os.environ.get("RANK") == "0":
         return step(self, n)
 
     def traced_evaluate(self):
-        state["step"], state["services"] = getattr(self, "last_step", 0), self.engines
+        state["step"], state["services"] = self.progress.step, self.engines
         kill("eval", ROLLOUT)
         state["evaluating"] = True
         try:

@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +27,15 @@ from yatt.placement.metrics import maxed, summed
 from yatt.tensors import TokenBatch
 
 STAGES = ("generate", "reward", "balance", "logprobs", "advantages", "update", "sync")
+
+
+@dataclass
+class StepResult:
+    """What a step hands the run (yatt.controllers.shard.ControllerShard.step)."""
+
+    metrics: dict[str, float]  # reduced over ranks: the same on every rank
+    rollouts: list[Rollout]  # this rank's, as generated (samples.jsonl shows some)
+    samples_trained: int  # by this rank since the run began (dynamic sampling and balancing vary it)
 
 
 class StageTimer:

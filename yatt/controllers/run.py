@@ -121,8 +121,8 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
     parts = build_components(cfg, world, run_dir)
     shard = ControllerShard(cfg, world, parts, data, data_world=data_world, group_world=group)
     if found:
-        checkpoints.load(found[0], shard)
-    trained_before = trained = shard.samples_trained  # this rank's, since the run began (a resume restores it)
+        checkpoints.load(found[0], shard.checkpoint)
+    trained_before = trained = shard.progress.samples_trained  # this rank's, since the run began (a resume restores it)
     latest: list = []  # the last step's rollouts
     sinks = open_sinks(cfg.run, cfg.model_dump(mode="json")) if world.is_main else []
     resumed = (start_step, history[-1]["elapsed_s"] if history else 0.0)
@@ -168,7 +168,7 @@ def run_experiment(cfg: ExperimentConfig, world: World, resume: str = "auto", ov
             # The cheapest point to save: after the weight sync, before the next generation.
             signum = preemption.agreed(world)
             if signum or checkpoints.due(step):
-                checkpoints.save(step, shard, shard.export_checkpoint)
+                checkpoints.save(step, shard.checkpoint, shard.export_checkpoint)
             if signum:
                 folder = checkpoints.finish()
                 if world.is_main:

@@ -13,7 +13,7 @@ samples that load balancing moves (yatt.balance.exchange).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from yatt.checkpoint.export import PolicyWriter, policy_writer
@@ -24,13 +24,13 @@ from yatt.controllers.conversations import Agent
 from yatt.controllers.dynamic_sampling import DynamicSampler, in_groups, reduce_metrics
 from yatt.controllers.evaluation import evaluate_greedy
 from yatt.controllers.generation import GenerationStats, GroupShare, assign_rewards, generate_placed, sampling_specs
-from yatt.controllers.images import load_batch_images
-from yatt.controllers.metrics import STAGES, StageTimer, agent_metrics, agent_sums, train_metrics
+from yatt.controllers.images import load_batch_images, reload_images
+from yatt.controllers.metrics import STAGES, StageTimer, StepResult, agent_metrics, agent_sums, train_metrics
 from yatt.controllers.minibatches import mini_batches
 from yatt.controllers.policy import advantage_input, old_logprobs, policy_update, token_batch
 from yatt.controllers.rollouts import encode_prompts, rebalance_groups, sample_seed, set_greedy_baselines
 from yatt.controllers.schedule import build_schedule, schedule_metrics
-from yatt.controllers.shard_state import ShardState
+from yatt.controllers.shard_state import Progress, ShardCheckpoint
 from yatt.data.prepare import RankData, load_rank_data
 from yatt.data.rollout import Rollout
 from yatt.data.stream import PromptStream
@@ -43,14 +43,7 @@ from yatt.placement.metrics import summed
 from yatt.placement.ownership import HookRole
 
 
-@dataclass
-class StepResult:
-    metrics: dict[str, float]  # reduced over ranks: the same on every rank
-    rollouts: list[Rollout]  # this rank's, as generated (samples.jsonl shows some)
-    samples_trained: int  # by this rank since the run began (dynamic sampling and balancing vary it)
-
-
-class ControllerShard(ShardState):
+class ControllerShard:
     """Takes its trainer, engines and algorithm from `build_components`; owns the data and the step."""
 
     def __init__(
@@ -91,11 +84,18 @@ class ControllerShard(ShardState):
         self.sampling, self.greedy = sampling_specs(cfg.rollout, self.tokenizer.eos_token_id, algo.engine_routing)
         # rollout.agent: single_turn's one call per sample, or a conversation (yatt.controllers.conversations)
         self.agent = Agent.build(cfg.rollout.agent, self.tokenizer)
-        self.samples_trained = self.last_step = 0
-        # rollout.schedule: when batches are made (this thread, or a producer thread ahead of the trainer), and on
-        # which devices (yatt.controllers.schedule)
+        self.progress = Progress()
+        # rollout.schedule: when batches are made (here, or a producer thread ahead), where (yatt.controllers.schedule)
         self.rollouts = build_schedule(cfg, self.produce, self.engines, train, world, self.world, group_world)
         self.placement, self.engine_placement = self.rollouts.where.placement, self.rollouts.where.engine_placement
+        # what a checkpoint holds: the parts with their own state, by checkpoint key (yatt.controllers.shard_state)
+        stateful = {"trainer": self.trainer, "train_stream": self.train_stream, "kl_control": self.algorithm.kl_control,
+                    "sampler": self.sampler, "critic": self.critic}  # fmt: skip
+        models = {"trainer": self.trainer, "critic": self.critic and self.critic.trainer}
+        encode = lambda rows: encode_prompts(rows, self.tokenizer, cfg.data.max_prompt_tokens)  # noqa: E731
+        images = self.image_inputs and (lambda rollouts: reload_images(rollouts, self.image_inputs, encode))
+        self.checkpoint = ShardCheckpoint(self.world, self.progress, self.rollouts, stateful, models, images,
+                                          cfg.trainer.backend)  # fmt: skip
 
     # ---- the RL step -------------------------------------------------------------------------
     def step(self, step: int) -> StepResult:
@@ -108,8 +108,8 @@ class ControllerShard(ShardState):
         metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, batch.rollouts)))
         if self.agent.multi_turn:  # from the rollouts as generated (balancing moves no agent counts)
             metrics.update(agent_metrics(summed(self.world, agent_sums(batch.rollouts)), "agent"))
-        self.last_step = step
-        return StepResult({**metrics, **sampling_metrics, **balance_metrics}, batch.rollouts, self.samples_trained)
+        self.progress.step, progress = step, self.progress
+        return StepResult({**metrics, **sampling_metrics, **balance_metrics}, batch.rollouts, progress.samples_trained)
 
     def produce(self, step: int, timer: StageTimer) -> tuple[list[Rollout], GenerationStats, dict[str, float]]:
         """generate -> reward (-> dynamic sampling): this step's scored groups, its generation rounds' stats
@@ -162,7 +162,7 @@ class ControllerShard(ShardState):
         if step % cfg.rollout.sync_every == 0:  # sync_every > 1: deliberately stale rollouts
             with timer("sync"):
                 self.rollouts.push_weights(step)
-        self.samples_trained += len(trained)
+        self.progress.samples_trained += len(trained)
         metrics = train_metrics(cfg, algo, world, trained, batch, entropy, ref_lp, update, timer.seconds)
         if self.critic is not None:
             metrics.update(self.critic.metrics(batch, critic_update, warming_up=not policy_trains))
