@@ -80,6 +80,9 @@ class Trajectory:
     # an MoE engine's routing of every prompt and response id (routing replay r3): set by the conversation pool
     # from the last turn's forward (yatt.controllers.conversations), not by the loop
     routed_experts: list[list[int]] = field(default_factory=list)
+    # the environment's own score of the whole trajectory (an environment loop sets it, e.g. a game's reward:
+    # yatt.agents.environment); None: the rule verifier or judges score `final_text`
+    reward: float | None = None
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Add a model turn (`logprobs` given, mask 1) or environment tokens (None: mask 0, log-prob 0.0)."""
@@ -103,7 +106,11 @@ class AgentLoop(Protocol):
     `one_call` (optional, default False): `run` is exactly one generate call whose result is the trajectory, every
     token the model's (single_turn). Such a loop's samples go to the engines as they are, a prompt's G samples in
     one request the engines batch and seed (yatt.controllers.conversations.Agent.pool), without a thread and a
-    call per sample."""
+    call per sample.
+
+    `takes_row` (optional, default False): `run` is called with `row=`, the prompt's `yatt.data.rows.PromptRow`,
+    for a loop whose environment depends on the task and not only on the prompt's ids (an environment package's
+    task, in the row's metadata: yatt.agents.environment)."""
 
     one_call: bool
 
