@@ -116,7 +116,8 @@ class VerifiersSource(BaseModel):
                           "WordSearch-v0).")
     start: int = Field(0, ge=0, description="Index of the first task in the taskset's stream (textarena: its seed); "
                        "give the train and eval splits disjoint ranges.")
-    size: int = Field(10_000, gt=0, description="Number of tasks, from start on; each rank keeps its own slice.")
+    size: int = Field(1000, gt=0, description="Number of tasks, from start on; each rank keeps its own slice "
+                      "(every rank walks the taskset's stream to start + size).")
     nltk_data: Path | None = Field(None, description="An nltk_data folder (python -m yatt.envs.nltk_data --out DIR "
                                    "builds textarena's offline) the run sets as NLTK_DATA; null: the NLTK_DATA "
                                    "the run inherits.")
