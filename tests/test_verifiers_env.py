@@ -274,3 +274,64 @@ def test_a_row_of_another_source_is_refused_by_the_loop():
     row = PromptRow(0, "1+1", None, "2", "exact_match")
     with pytest.raises(ValueError, match="no verifiers task"):
         loop.run([1, 2], Guesser(), 8, 0, row=row)
+
+
+@needs_verifiers
+@pytest.mark.engine
+def test_two_steps_of_wordle_through_the_real_engines(nltk_folder, tmp_path):
+    """The CI-size run: launch/train.py on 2 ranks with hf engines, a random tiny Qwen2 whose tokenizer has
+    ChatML's specials and a chat template, TextArena's Wordle as data and loop. A random policy never writes a
+    valid guess, so its games end on the second invalid move (TextArena allows one) with reward 0: this checks
+    the plumbing (rows, turns, masks, the environment's reward as the reward), not learning."""
+    import subprocess
+
+    from e2e import env, nproc_args
+    from transformers import AutoTokenizer
+
+    from yatt.models.tiny import TinyModelConfig, write_tiny_model
+
+    shape = TinyModelConfig(
+        alphabet="".join(dict.fromkeys(string.printable + "—–’‘“”…")),
+        special_tokens=["<|im_start|>", "<|im_end|>"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1536,
+    )
+    policy = write_tiny_model(tmp_path / "policy", shape, seed=0)
+    tok = AutoTokenizer.from_pretrained(policy)
+    tok.chat_template = CHATML
+    tok.save_pretrained(policy)
+    split = "{kind: verifiers, taskset: textarena, options: {game: Wordle-v0}, nltk_data: %s, start: %d, size: %d}"
+    config = tmp_path / "wordle.yaml"
+    config.write_text(f"""
+model: {{path: {policy}}}
+data:
+  train: {split % (nltk_folder, 0, 8)}
+  eval: {split % (nltk_folder, 100, 2)}
+  prompts_per_step: 2
+  eval_prompts: 2
+  max_prompt_tokens: 1024
+rollout:
+  group_size: 2
+  max_new_tokens: 8
+  engine: {{backend: hf}}
+  agent: {{kind: verifiers, max_turns: 3, max_trajectory_tokens: 1200}}
+reward: {{kind: rule}}
+trainer: {{lr: 1.0e-3, micro_batch_size: 4}}
+checkpoint: {{every: 2}}
+run: {{name: wordle, steps: 2, eval_every: 0, output_dir: {tmp_path / "runs"}}}
+""")
+    done = subprocess.run(nproc_args(config), env=env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    metrics = [json.loads(line) for line in (tmp_path / "runs/wordle/metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if "reward/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["reward/mean"] == 0.0 and m["agent/turns_mean"] >= 1  # the games' own (zero) reward, played
+        # the trainer scores the model's tokens as the engine sampled them: masks and ids line up
+        assert m["rollout/trainer_logprob_diff_max"] < 1e-3
+    samples = [json.loads(line) for line in (tmp_path / "runs/wordle/samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["data_source"] == "verifiers/textarena" for s in samples)
