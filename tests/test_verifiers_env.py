@@ -335,3 +335,18 @@ run: {{name: wordle, steps: 2, eval_every: 0, output_dir: {tmp_path / "runs"}}}
         assert m["rollout/trainer_logprob_diff_max"] < 1e-3
     samples = [json.loads(line) for line in (tmp_path / "runs/wordle/samples.jsonl").read_text().splitlines()]
     assert samples and all(s["data_source"] == "verifiers/textarena" for s in samples)
+
+
+@needs_verifiers
+def test_a_warm_up_replays_scripted_guesses_through_the_environment(nltk_folder):
+    """yatt.agents.base.replay hands the row to the loop, so an SFT warm-up's examples are games played through
+    the run's own loop (the environment's turns masked, as in a rollout)."""
+    from yatt.agents.base import replay
+
+    row = wordle_rows(nltk_folder, start=3)[0]
+    _, moves = game_reward(3, GUESSES)
+    turns = [CODEC.encode(f"I guess {g}") + [END] for g in GUESSES[:moves]]
+    loop = EnvironmentLoop(AgentConfig(kind="verifiers", max_turns=8, max_trajectory_tokens=8192), {}, CODEC)
+    t = replay(loop, row.prompt_ids(TOK), turns, 64, row)
+    assert t.num_turns == moves and t.ended_by == "environment"
+    assert [i for i, m in zip(t.response_ids, t.response_mask) if m] == [i for turn in turns for i in turn]

@@ -128,12 +128,15 @@ def turn_seed(seed: int, turn: int) -> int:
     return seed if turn == 0 else zlib.crc32(f"{seed}:{turn}".encode()) & 0x7FFFFFFF
 
 
-def replay(loop: AgentLoop, prompt_ids: list[int], turns: list[list[int]], max_new_tokens: int) -> Trajectory:
+def replay(
+    loop: AgentLoop, prompt_ids: list[int], turns: list[list[int]], max_new_tokens: int, row: Any = None
+) -> Trajectory:
     """The trajectory `loop` builds when the model writes exactly `turns` (each ending with its stop token), tools
     run and environment text added by the loop itself. This is how a warm-up (SFT) of an agent gets its examples:
     teacher forcing through the run's own loop, so they hold the ids, tool responses and mask a rollout of the
     run would. Raises ValueError when the loop does not take the turns as given (asks for another turn, ends
-    before the last one, or allows a turn fewer tokens than it has)."""
+    before the last one, or allows a turn fewer tokens than it has). `row`: the prompt's row, for a loop that
+    takes it (AgentLoop.takes_row: an environment's task)."""
     used = 0
 
     def generate(history: list[int], max_tokens: int, seed: int) -> tuple[list[int], list[float], str]:
@@ -151,7 +154,8 @@ def replay(loop: AgentLoop, prompt_ids: list[int], turns: list[list[int]], max_n
         used += 1
         return list(turn), [0.0] * len(turn), "stop"
 
-    trajectory = loop.run(list(prompt_ids), generate, max_new_tokens, 0)
+    kwargs = {"row": row} if getattr(loop, "takes_row", False) else {}
+    trajectory = loop.run(list(prompt_ids), generate, max_new_tokens, 0, **kwargs)
     if used != len(turns):
         raise ValueError(f"the loop ended after model turn {used} of {len(turns)} (turn {used} calls no tool?)")
     return trajectory
