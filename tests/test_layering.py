@@ -12,6 +12,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "yatt"
 
 LOWER = ("algorithms", "balance", "checkpoint", "data", "engines", "transport", "models", "rewards", "agents", "tools")
+LOWER += ("envs",)  # environment packages (yatt.envs): read by the data sources and agent loops
 HIGHER = ("controllers", "trainers", "placement", "genrm", "quickstart")
 # package -> what it must not import (a rule from docs/architecture.md, with its reason)
 RULES = {

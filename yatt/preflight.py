@@ -111,6 +111,11 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
         missing = [str(f) for f in getattr(data, "files", []) if not f.is_file()]
         if missing:
             raise ConfigError(f"{source}: data.{split}.files: not found: {', '.join(missing)}")
+        if getattr(data, "nltk_data", None) is not None and not data.nltk_data.is_dir():
+            raise ConfigError(
+                f"{source}: data.{split}.nltk_data: {data.nltk_data} is not a folder (build it with "
+                f"python -m yatt.envs.nltk_data --out {data.nltk_data})"
+            )
     for field, folder in folders.items():
         vocab, tokens = model_vocab(folder), tokenizer_size(folder)
         if vocab is not None and tokens is not None and vocab < tokens:
@@ -134,6 +139,12 @@ def check_run(cfg: ExperimentConfig, world_size: int, source: str) -> None:
                 "pyarrow",
                 "data",
                 "parquet" in (getattr(cfg.data.train, "kind", ""), getattr(cfg.data.eval, "kind", "")),
+            ),
+            (
+                "a verifiers data source",
+                "verifiers",
+                "verifiers",
+                "verifiers" in (getattr(cfg.data.train, "kind", ""), getattr(cfg.data.eval, "kind", "")),
             ),
         )
         if wanted and importlib.util.find_spec(package) is None

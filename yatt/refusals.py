@@ -224,6 +224,20 @@ def _agent_resume(cfg: Any) -> str | None:
     return None
 
 
+def _environment_data(cfg: Any) -> str | None:
+    splits = [s for s in ("train", "eval") if getattr(getattr(cfg.data, s), "kind", None) == "verifiers"]
+    loop = cfg.rollout.agent.kind
+    if splits and loop != "verifiers":
+        return (
+            f"data.{splits[0]}.kind=verifiers: the environment plays each task with the model and scores it, "
+            f"which rollout.agent.kind=verifiers does (it is {loop})"
+        )
+    if loop == "verifiers" and len(splits) < 1 + (cfg.data.eval is not None):
+        split = "train" if "train" not in splits else "eval"
+        return f"rollout.agent.kind=verifiers plays verifiers tasks, but data.{split} is not kind: verifiers"
+    return None
+
+
 def _routing_trainer(cfg: Any) -> str | None:
     replay = cfg.algorithm.routing_replay
     if replay != "off" and (why := _lacks(cfg.trainer.backend_entry, "routing_replay")):
@@ -410,6 +424,8 @@ REFUSALS: list[Refusal] = [
             "no room for a response", _agent_no_room),
     Refusal("an agent loop + rollout.schedule.in_flight=resume",
             "a conversation's turns are separate requests whose versions are not kept", _agent_resume),
+    Refusal("data.train/eval.kind=verifiers + rollout.agent.kind other than verifiers, or the reverse",
+            "the environment plays its tasks and gives their reward through its own loop", _environment_data),
     Refusal("algorithm.routing_replay (not off) or routing_mismatch + a trainer backend without routing replay "
             "(megatron)",
             "only the torch backend replays MoE routing", _routing_trainer),

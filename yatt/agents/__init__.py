@@ -3,7 +3,8 @@
 Read in this order: `base.py` (the signature of a loop, `Trajectory`, and the `Generate` and `Codec` callables it
 drives), `config.py` (`AgentConfig`, the `rollout.agent` section), then the loops: `single_turn.py` (one
 generate call: yatt's behaviour without tools) and `tool_loop.py` (model turn, tool calls, tool responses, until
-the model stops calling tools or a limit is hit).
+the model stops calling tools or a limit is hit) and `environment.py` (an environment package, e.g. a verifiers
+TextArena game, plays its own protocol with the model in-process; its reward is the sample's).
 
 `AGENT_LOOPS` names the loops `rollout.agent.kind` chooses between; a user's loop plugs in by import path,
 ``kind: my_pkg.loops:MyLoop`` (docs/extending.md).
@@ -21,7 +22,11 @@ if TYPE_CHECKING:
 
 AGENT_LOOPS: Registry = Registry(
     "rollout.agent.kind",
-    {"single_turn": "yatt.agents.single_turn:SingleTurn", "tool_loop": "yatt.agents.tool_loop:ToolLoop"},
+    {
+        "single_turn": "yatt.agents.single_turn:SingleTurn",
+        "tool_loop": "yatt.agents.tool_loop:ToolLoop",
+        "verifiers": "yatt.agents.environment:EnvironmentLoop",
+    },
 )
 
 

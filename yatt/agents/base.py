@@ -80,6 +80,9 @@ class Trajectory:
     # an MoE engine's routing of every prompt and response id (routing replay r3): set by the conversation pool
     # from the last turn's forward (yatt.controllers.conversations), not by the loop
     routed_experts: list[list[int]] = field(default_factory=list)
+    # the environment's own score of the whole trajectory (an environment loop sets it, e.g. a game's reward:
+    # yatt.agents.environment); None: the rule verifier or judges score `final_text`
+    reward: float | None = None
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Add a model turn (`logprobs` given, mask 1) or environment tokens (None: mask 0, log-prob 0.0)."""
@@ -103,7 +106,11 @@ class AgentLoop(Protocol):
     `one_call` (optional, default False): `run` is exactly one generate call whose result is the trajectory, every
     token the model's (single_turn). Such a loop's samples go to the engines as they are, a prompt's G samples in
     one request the engines batch and seed (yatt.controllers.conversations.Agent.pool), without a thread and a
-    call per sample."""
+    call per sample.
+
+    `takes_row` (optional, default False): `run` is called with `row=`, the prompt's `yatt.data.rows.PromptRow`,
+    for a loop whose environment depends on the task and not only on the prompt's ids (an environment package's
+    task, in the row's metadata: yatt.agents.environment)."""
 
     one_call: bool
 
@@ -121,12 +128,15 @@ def turn_seed(seed: int, turn: int) -> int:
     return seed if turn == 0 else zlib.crc32(f"{seed}:{turn}".encode()) & 0x7FFFFFFF
 
 
-def replay(loop: AgentLoop, prompt_ids: list[int], turns: list[list[int]], max_new_tokens: int) -> Trajectory:
+def replay(
+    loop: AgentLoop, prompt_ids: list[int], turns: list[list[int]], max_new_tokens: int, row: Any = None
+) -> Trajectory:
     """The trajectory `loop` builds when the model writes exactly `turns` (each ending with its stop token), tools
     run and environment text added by the loop itself. This is how a warm-up (SFT) of an agent gets its examples:
     teacher forcing through the run's own loop, so they hold the ids, tool responses and mask a rollout of the
     run would. Raises ValueError when the loop does not take the turns as given (asks for another turn, ends
-    before the last one, or allows a turn fewer tokens than it has)."""
+    before the last one, or allows a turn fewer tokens than it has). `row`: the prompt's row, for a loop that
+    takes it (AgentLoop.takes_row: an environment's task)."""
     used = 0
 
     def generate(history: list[int], max_tokens: int, seed: int) -> tuple[list[int], list[float], str]:
@@ -144,7 +154,8 @@ def replay(loop: AgentLoop, prompt_ids: list[int], turns: list[list[int]], max_n
         used += 1
         return list(turn), [0.0] * len(turn), "stop"
 
-    trajectory = loop.run(list(prompt_ids), generate, max_new_tokens, 0)
+    kwargs = {"row": row} if getattr(loop, "takes_row", False) else {}
+    trajectory = loop.run(list(prompt_ids), generate, max_new_tokens, 0, **kwargs)
     if used != len(turns):
         raise ValueError(f"the loop ended after model turn {used} of {len(turns)} (turn {used} calls no tool?)")
     return trajectory

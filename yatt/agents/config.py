@@ -53,17 +53,21 @@ class AgentConfig(BaseModel):
     kind: str = Field(
         "single_turn",
         description="The agent loop, a name in yatt.agents.AGENT_LOOPS: single_turn (one generate call per "
-        "sample, no tools) or tool_loop (model turns and tool calls in the Qwen2.5/Hermes format), or an import "
-        "path 'pkg.module:Loop' (yatt.agents.base.AgentLoop).",
+        "sample, no tools), tool_loop (model turns and tool calls in the Qwen2.5/Hermes format), verifiers (a "
+        "verifiers environment package plays its task with the model; rows of a data source of kind verifiers; "
+        "docs/environments.md), or an import path 'pkg.module:Loop' (yatt.agents.base.AgentLoop).",
     )
     max_turns: int = Field(
-        4, gt=0, description="Model turns per trajectory at most (tool_loop); each is at most rollout.max_new_tokens."
+        4,
+        gt=0,
+        description="Model turns per trajectory at most (tool_loop, verifiers: e.g. 6 for Wordle's six guesses); "
+        "each is at most rollout.max_new_tokens.",
     )
     max_trajectory_tokens: int = Field(
         2048,
         gt=0,
         description="Cap on a trajectory's prompt + response ids, all turns and tool responses included "
-        "(tool_loop); the engine's max_model_len must allow it.",
+        "(tool_loop, verifiers); the engine's max_model_len must allow it.",
     )
     tools: dict[str, ToolSection] = Field(
         default_factory=dict,
@@ -116,8 +120,8 @@ class AgentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _combinations(self) -> AgentConfig:
-        if self.kind == "single_turn" and self.tools:
-            raise ValueError("rollout.agent.tools is set but kind is single_turn, which calls no tools")
+        if self.kind in ("single_turn", "verifiers") and self.tools:
+            raise ValueError(f"rollout.agent.tools is set but kind is {self.kind}, which calls no tools")
         if self.kind == "tool_loop" and not self.tools:
             raise ValueError("rollout.agent.kind=tool_loop needs at least one tool in rollout.agent.tools")
         config = getattr(AGENT_LOOPS.get(self.kind), "config", None)

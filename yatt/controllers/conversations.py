@@ -81,15 +81,25 @@ class Agent:
         """Whether samples are conversations of several calls (anything but a one-call loop: single_turn)."""
         return not getattr(self.loop, "one_call", False)
 
-    def pool(self, engines: EnginePool | ResumingPool) -> EnginePool | ResumingPool | ConversationPool:
+    def pool(
+        self, engines: EnginePool | ResumingPool, rows: dict[str, PromptRow] | None = None
+    ) -> EnginePool | ResumingPool | ConversationPool:
         """Where this loop's samples go: a conversation pool running the loop per sample, or, for a one-call loop
-        (AgentLoop.one_call), the engines themselves, which run that one call for a prompt's G samples at once."""
-        return ConversationPool(engines, self.loop, self.lockstep) if self.multi_turn else engines
+        (AgentLoop.one_call), the engines themselves, which run that one call for a prompt's G samples at once.
+        `rows`: each request key's prompt row, handed to a loop that takes it (AgentLoop.takes_row)."""
+        return ConversationPool(engines, self.loop, self.lockstep, rows) if self.multi_turn else engines
 
 
 class ConversationPool:
-    def __init__(self, pool: EnginePool | ResumingPool, loop: AgentLoop, lockstep: bool = False):
+    def __init__(
+        self,
+        pool: EnginePool | ResumingPool,
+        loop: AgentLoop,
+        lockstep: bool = False,
+        rows: dict[str, PromptRow] | None = None,
+    ):
         self.pool, self.loop, self.lockstep = pool, loop, lockstep
+        self.rows = rows or {}  # request key -> its prompt row, for a loop that takes it (AgentLoop.takes_row)
         self.held: list[_Turn] = []  # lockstep: the round's turns ready so far
         self.running = 0  # conversations in their loop's code (not waiting for a turn, not ended), as events tell
         self.groups: dict[str, _Group] = {}
@@ -138,8 +148,9 @@ class ConversationPool:
             return list(c.token_ids), list(c.logprobs) if c.logprobs else [0.0] * len(c.token_ids), c.finish_reason
 
         try:
+            row = {"row": self.rows.get(req.key)} if getattr(self.loop, "takes_row", False) else {}
             result = self.loop.run(
-                list(req.prompt), generate, req.sampling.max_tokens, conversation_seed(req.seed, sample)
+                list(req.prompt), generate, req.sampling.max_tokens, conversation_seed(req.seed, sample), **row
             )
             if turns and turns[-1].completion.routed_experts:
                 result.routed_experts = last_turn_routing(result, turns[-1].request.prompt, turns[-1].completion)
@@ -226,7 +237,8 @@ def last_turn_routing(t: Trajectory, prompt: list[int], last: Completion) -> lis
 def agent_rollouts(row: PromptRow, prompt_ids: list[int], trajectories: list[Trajectory]) -> list[Rollout]:
     """One prompt's rollouts from its conversations: the whole response (model and environment tokens, with the
     mask), the engine's log-probs of the model tokens (0.0 under mask 0), the last model turn as the text the
-    reward reads, and the loop's counts. What a loop hands back is checked here, naming the rule it breaks."""
+    reward reads, the loop's counts and the environment's own reward when it set one. What a loop hands back is
+    checked here, naming the rule it breaks."""
     out = []
     for t in trajectories:
         n = len(t.response_ids)
@@ -252,6 +264,7 @@ def agent_rollouts(row: PromptRow, prompt_ids: list[int], trajectories: list[Tra
                 response_mask=list(t.response_mask),
                 routed_experts=t.routed_experts,
                 agent_stats={name: float(getattr(t, name)) for name in AGENT_STATS},
+                env_reward=t.reward,
             )
         )
     return out

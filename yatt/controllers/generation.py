@@ -32,7 +32,7 @@ from yatt.genrm.teacher import TEACHER, Teacher
 from yatt.placement.engine_lifecycle import ROLLOUT, EngineServices, genrm_role
 from yatt.placement.ownership import DeviceOwnership
 from yatt.placement.plan import GenerationSplit
-from yatt.rewards.rules import score as rule_score
+from yatt.rewards.rules import score_rollout
 
 
 def judge_seed(run_seed: int, step: int, group: int, sample: int, judge: str) -> int:
@@ -212,13 +212,12 @@ def generate_and_judge(
     groups: dict[int, list[Rollout]] = {}
     start = time.perf_counter()
     images = images or [None] * len(rows)
-    rollout_pool = agent.pool(rollout_pool)
-    rollout_pool.submit(
-        [
-            Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)
-            for g, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))
-        ]
-    )
+    requests = [
+        Request(f"s{step}r{round_}/g{g}", ids, seed, sampling, im.images if im else None)
+        for g, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))
+    ]
+    rollout_pool = agent.pool(rollout_pool, {req.key: row for req, row in zip(requests, rows)})
+    rollout_pool.submit(requests)
 
     def judge_group(g: int) -> None:
         pictures = images[g].images if images[g] else None  # a VL judge sees them (Judge.request), a text one not
@@ -232,7 +231,7 @@ def generate_and_judge(
         g = int(key.rsplit("/g", 1)[1])
         groups[g] = group_rollouts(rows[g], prompt_ids[g], images[g], completions, tokenizer)
         for r in groups[g]:
-            r.rule_score = rule_score(r.text, r.row)
+            r.rule_score = score_rollout(r)
         if stream and lanes:
             judge_group(g)
 

@@ -16,7 +16,7 @@ from yatt.data.rows import PromptRow
 from yatt.distributed import World
 from yatt.engines.base import Completion, SamplingSpec
 from yatt.engines.pool import EnginePool, Request
-from yatt.rewards.rules import score
+from yatt.rewards.rules import score_rollout
 
 
 def sample_seed(run_seed: int, step: int, row_index: int, round_: int = 0) -> int:
@@ -47,13 +47,12 @@ def generate_rollouts(
     its unanswered prompts are sent again, with the same seeds: the result is what a live engine gives."""
     seeds = seeds if seeds is not None else [None] * len(prompt_ids)
     images = images or [None] * len(rows)
-    pool = agent.pool(pool)
-    pool.submit(
-        [
-            Request(f"p{i}", ids, seed, sampling, im.images if im else None)
-            for i, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))
-        ]
-    )
+    requests = [
+        Request(f"p{i}", ids, seed, sampling, im.images if im else None)
+        for i, (ids, seed, im) in enumerate(zip(prompt_ids, seeds, images))
+    ]
+    pool = agent.pool(pool, {req.key: row for req, row in zip(requests, rows)})
+    pool.submit(requests)
     done = pool.drain()
     return [
         r
@@ -91,9 +90,9 @@ def group_rollouts(
 
 
 def score_rollouts(rollouts: list[Rollout]) -> None:
-    """Rule rewards, in place."""
+    """Rule rewards (or the environment's own), in place."""
     for r in rollouts:
-        r.reward = score(r.text, r.row)
+        r.reward = score_rollout(r)
 
 
 def set_greedy_baselines(

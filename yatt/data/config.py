@@ -1,5 +1,5 @@
 """The `data` section (`DataConfig`) and its data sources (`data.train`, `data.eval`): local files or reasoning-gym
-generators.
+generators, or the tasks of a verifiers environment package.
 
 They live beside the readers they configure (yatt.data.sources opens them) and import nothing but pydantic, so
 reading a config never imports torch. Both kinds share `ChatPrompt`: with
@@ -101,7 +101,34 @@ class GymSource(ChatPrompt):
                                     "e.g. last_number for a model that answers in a sentence; null: the scorer.")
 
 
-DataSource = Annotated[Union[FileSource, GymSource], Field(discriminator="kind")]
+class VerifiersSource(BaseModel):
+    """Tasks of a `verifiers` environment package's taskset (offline, seeded; docs/environments.md). Each row is
+    a task: its chat prompt (the taskset's system prompt and opening message) and, in its metadata, what the
+    rollout.agent.kind=verifiers loop needs to play it in-process and read the environment's own reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["verifiers"] = Field(description="verifiers: tasks of a verifiers taskset (pip install "
+                                       "'yatt[verifiers]').")
+    taskset: str = Field(description="The verifiers taskset id, e.g. textarena.")
+    options: dict = Field(default_factory=dict, description="The taskset's own config fields, e.g. {game: "
+                          "Wordle-v0} for textarena (Wordle-v0, Wordle-v0-long, Hangman-v0, WordLadder-v0, "
+                          "WordSearch-v0).")
+    start: int = Field(0, ge=0, description="Index of the first task in the taskset's stream (textarena: its seed); "
+                       "give the train and eval splits disjoint ranges.")
+    size: int = Field(1000, gt=0, description="Number of tasks, from start on; each rank keeps its own slice "
+                      "(every rank walks the taskset's stream to start + size).")
+    nltk_data: Path | None = Field(None, description="An nltk_data folder (python -m yatt.envs.nltk_data --out DIR "
+                                   "builds textarena's offline) the run sets as NLTK_DATA; null: the NLTK_DATA "
+                                   "the run inherits.")
+
+    @property
+    def data_source(self) -> str:
+        """The rows' data_source: the reward is the environment's own (yatt.rewards.rules.ENV_PREFIX)."""
+        return f"verifiers/{self.taskset}"
+
+
+DataSource = Annotated[Union[FileSource, GymSource, VerifiersSource], Field(discriminator="kind")]
 
 
 class DataConfig(Section):

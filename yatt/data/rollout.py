@@ -48,6 +48,9 @@ class Rollout:
     # on-policy distillation (reward.teacher): the teacher's log-prob of each response token given the prompt and
     # the response before it (raw logits, yatt.genrm.teacher); empty without a teacher
     teacher_logprobs: list[float] = field(default_factory=list)
+    # the environment's own reward of an agent loop's trajectory (Trajectory.reward: e.g. a verifiers game's); when
+    # set it is the rollout's rule score (yatt.rewards.rules.score_rollout); None: the row's verifier scores `text`
+    env_reward: float | None = None
 
     def loss_mask(self) -> list[int]:
         """Per response id: 1 where the trainer scores it (model tokens), 0 for environment tokens."""

@@ -84,7 +84,7 @@ def agent_example_ids(row: PromptRow, tokenizer, loop: AgentLoop, max_new_tokens
     turns = [text_ids(tokenizer, text, row.where) + [tokenizer.eos_token_id] for text in texts]
     prompt = row.prompt_ids(tokenizer)
     try:
-        trajectory = replay(loop, prompt, turns, max_new_tokens)
+        trajectory = replay(loop, prompt, turns, max_new_tokens, row)
     except ValueError as err:
         raise DataError(f"{row.where}: {err}") from None
     labels = [t if m else -100 for t, m in zip(trajectory.response_ids, trajectory.response_mask)]

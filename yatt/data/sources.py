@@ -1,9 +1,10 @@
-"""Open a configured data source (yatt.data.config) as this rank's shard."""
+"""Open a configured data source (yatt.data.config) as this rank's shard: files, reasoning-gym, or the tasks of
+a verifiers environment package (yatt.envs.verifiers_env)."""
 
 from __future__ import annotations
 
 from yatt.data.chat import as_chats
-from yatt.data.config import DataSource, FileSource, GymSource
+from yatt.data.config import DataSource, FileSource, GymSource, VerifiersSource
 from yatt.data.gym import read_gym_shard
 from yatt.data.records import Columns
 from yatt.data.rows import PromptRow
@@ -24,7 +25,12 @@ def columns(source: FileSource) -> Columns:
 
 
 def load_shard(source: DataSource, rank: int, world_size: int, limit: int | None = None) -> list[PromptRow]:
-    """This rank's rows, as chats when the source sets chat: true."""
+    """This rank's rows, as chats when the source sets chat: true (a verifiers task is a chat already)."""
+    if isinstance(source, VerifiersSource):
+        from yatt.envs.verifiers_env import read_task_shard
+
+        return read_task_shard(source.taskset, source.options, source.start, source.size, rank, world_size, limit,
+                               source.nltk_data)
     if isinstance(source, FileSource):
         rows = FILE_READERS.get(source.kind)(source.files, rank, world_size, limit, columns(source))
     elif isinstance(source, GymSource):
@@ -39,4 +45,6 @@ def describe(source: DataSource) -> str:
     """The source in a few words, for errors about the split as a whole (e.g. an empty file)."""
     if isinstance(source, FileSource):
         return ", ".join(str(f) for f in source.files)
+    if isinstance(source, VerifiersSource):
+        return f"{source.data_source} {source.options} (tasks {source.start}..{source.start + source.size - 1})"
     return f"reasoning_gym/{source.dataset} (size {source.size}, seed {source.seed})"

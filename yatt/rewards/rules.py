@@ -1,7 +1,9 @@
 """Rule verifiers: response text + prompt row -> score in [0, 1]. Chosen by the row's data_source.
 
 A data_source names an entry of `RULES` (exact_match, addition, last_number, and what `reward.verifiers` adds),
-or `reasoning_gym/<dataset>` (that dataset's own scorer), or is itself an import path 'pkg.module:function'.
+or `reasoning_gym/<dataset>` (that dataset's own scorer), or `verifiers/<taskset>` (an environment package's task:
+its reward is the environment's own, which the agent loop carries on the rollout), or is itself an import path
+'pkg.module:function'. `score_rollout` is a rollout's rule score: the environment's reward when its loop set one.
 `use_verifiers` registers reward.verifiers and checks that every row's data_source has a verifier when the run
 reads its data (yatt.data.prepare), before any engine starts; scoring then only looks them up.
 """
@@ -14,7 +16,9 @@ from functools import cache
 
 from yatt.data.errors import DataError
 from yatt.data.gym import GYM_PREFIX
+from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
+from yatt.envs.verifiers_env import ENV_PREFIX
 from yatt.registry import Registry
 
 Verifier = Callable[[str, PromptRow], float]
@@ -53,6 +57,14 @@ def reasoning_gym_score(response: str, row: PromptRow) -> float:
     return float(_gym_scorer(row.data_source[len(GYM_PREFIX) :])(answer=response.strip(), entry=entry))
 
 
+def environment_reward(response: str, row: PromptRow) -> float:
+    """A verifiers task's rows have no rule: the environment scores the episode (Rollout.env_reward)."""
+    raise ValueError(
+        f"{row.where}: its reward is the environment's own, which the rollout.agent.kind=verifiers loop sets; "
+        "this rollout has none"
+    )
+
+
 RULES: Registry = Registry(
     "data_source", {"exact_match": exact_match, "addition": exact_match, "last_number": last_number}
 )
@@ -61,6 +73,8 @@ RULES: Registry = Registry(
 def get_verifier(data_source: str) -> Verifier:
     if data_source.startswith(GYM_PREFIX):
         return reasoning_gym_score
+    if data_source.startswith(ENV_PREFIX):
+        return environment_reward
     if data_source not in RULES:
         raise ValueError(
             f"no verifier for data_source {data_source!r}; registered: {', '.join(RULES)}, "
@@ -87,3 +101,9 @@ def use_verifiers(verifiers: dict[str, str], rows: list[PromptRow]) -> None:
 
 def score(response: str, row: PromptRow) -> float:
     return get_verifier(row.data_source)(response, row)
+
+
+def score_rollout(rollout: Rollout) -> float:
+    """A rollout's rule score: the environment's own reward when an agent loop set one (Rollout.env_reward),
+    else the verifier of its row's data_source on its text."""
+    return rollout.env_reward if rollout.env_reward is not None else score(rollout.text, rollout.row)
