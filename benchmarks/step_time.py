@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/step_time.py [--workload quickstart|100m|all] [--steps 40]
         [--trainer-steps 2] [--config configs/quickstart.yaml] [--model PATH] [--variants NAME ...]
-        [--out benchmarks/results/step_time]
+        [--against REV] [--out benchmarks/results/step_time]
 
 "all off" is the reference of the ratios; every other variant turns some options on (yatt.config TrainerConfig
 pack_sequences / share_prompts / logprob_chunk_tokens / micro_batch_tokens / activation_checkpointing /
@@ -46,6 +46,7 @@ from pathlib import Path
 
 from harness import (
     add_worker_args,
+    commit,
     pyplot,
     rank_result,
     run_worker,
@@ -127,9 +128,19 @@ class PeakRss:
         return sorted(k / 2**20 for k in self.peak_kib.values())  # GiB per rank
 
 
+def checkout_at(rev: str, work: Path) -> Path:
+    """This repository at git revision `rev` in a detached worktree under `work`, sharing this checkout's models/
+    (built, not committed); the caller removes it (`git worktree remove`)."""
+    tree = work / f"at-{slug(rev)}"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, check=True, capture_output=True)
+    (tree / "models").symlink_to(REPO / "models")
+    return tree
+
+
 def run_quickstart(
-    name: str, config: Path, trainer: dict, algo: dict, steps: int, work: Path, other: list[str]
+    name: str, config: Path, trainer: dict, algo: dict, steps: int, work: Path, other: list[str], repo: Path = REPO
 ) -> dict:
+    """One variant: `steps` RL steps of `config` (a path under REPO) run from the checkout `repo`."""
     run_name = slug(name)
     # dynamic sampling off: every variant trains the same samples per step, so the step times compare the same work
     overrides = [
@@ -151,23 +162,23 @@ def run_quickstart(
         "2",
         "launch/train.py",
         "--config",
-        str(config.resolve()),
+        str(repo / config.resolve().relative_to(REPO)),
         "--placement",
         "full",
         "--resume",
         "none",
         *overrides,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     start = time.perf_counter()
-    with open(work / f"{name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(work / f"{slug(name)}.log", "w") as log:
+        proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
         rss = PeakRss(proc.pid)
         rc = proc.wait()
     peaks = rss.stop()
     if rc:
         # the log lives in a temporary folder that goes with the exception: show its end
-        tail = (work / f"{name}.log").read_text(errors="replace")[-3000:]
+        tail = (work / f"{slug(name)}.log").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"variant {name!r} failed (exit {rc}); the end of its log:\n{tail}")
     run_dir = work / run_name
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -343,6 +354,13 @@ def main() -> int:
         help=f"only these variants (names as in the "
         f"tables; {REFERENCE!r} is always run: ratios and drift are relative to it)",
     )
+    parser.add_argument(
+        "--against",
+        default=None,
+        metavar="REV",
+        help="quickstart: also run the defaults from git revision REV (a temporary worktree), right after this "
+        "checkout's, as the variant 'all (defaults) at REV': the step time before and after a change",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/step_time")
     add_worker_args(parser, "--trainer", "--algo")
     args = parser.parse_args()
@@ -366,6 +384,15 @@ def main() -> int:
                     f"{rows[-1]['update_s']:.3f}, generate {rows[-1]['generate_s']:.3f})",
                     flush=True,
                 )
+                if args.against and name == "all (defaults)":
+                    tree = checkout_at(args.against, work)
+                    try:
+                        print(f"quickstart / {name} at {args.against} ...", flush=True)
+                        rows.append(run_quickstart(f"{name} at {args.against}", args.config, trainer, algo,
+                                                   args.steps, work, other, repo=tree))  # fmt: skip
+                        print(f"  step {rows[-1]['step_s']:.3f} s", flush=True)
+                    finally:
+                        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
             results["quickstart"] = rows
         if args.workload in ("100m", "all"):
             model = args.model or smollm2_shaped(REPO / "models/bench-smollm2-shape")
@@ -405,6 +432,10 @@ def main() -> int:
         if {"megatron TP=2", "all (defaults)"} <= set(steps):
             ratio = steps["megatron TP=2"] / steps["all (defaults)"]
             md += [f"megatron TP=2 / all (defaults), median step time: **{ratio:.2f}x**\n"]
+        before = f"all (defaults) at {args.against}"
+        if before in steps and "all (defaults)" in steps:
+            ratio = steps["all (defaults)"] / steps[before]
+            md += [f"all (defaults) at {commit()} / at {args.against}, median step time: **{ratio:.2f}x**\n"]
     if "100m" in results:
         md += [
             "## 100M-class trainer (2 ranks, 32 samples, responses 64-128 tokens)\n",
