@@ -3,7 +3,7 @@
 Read in this order: `verifiers_env.py` (a `verifiers` environment and its taskset, built once per process from a
 row's metadata; offline nltk), `episode.py` (one episode of the environment's own protocol, `Env.run`, driven
 turn by turn by a callable that plays the model), and `nltk_data.py` (the offline nltk_data folder textarena
-needs, built from PyPI packages). The data source is `yatt.data.environments`, the loop
+needs, built from PyPI packages). The data source is `yatt.data.sources` (kind verifiers), the loop
 `yatt.agents.environment` (rollout.agent.kind: verifiers). docs/environments.md says what runs offline.
 """
 
