@@ -288,20 +288,27 @@ def test_a_resumed_sample_replays_the_forward_that_sampled_its_last_tokens(folde
     from yatt.engines.pool import EnginePool, Request
     from yatt.engines.resume import ResumingPool
 
-    nudged = tmp_path / "nudged"
-    shutil.copytree(folder, nudged)
-    model = AutoModelForCausalLM.from_pretrained(nudged, dtype=torch.float32)
+    # samples that run to max_tokens, so the push lands while one decodes: the eos row of the head is zeroed and
+    # every other logit scaled up 30x (the final norm), leaving eos a probability of ~1e-4 a token
+    long, nudged = tmp_path / "long", tmp_path / "nudged"
+    shutil.copytree(folder, long)
+    model = AutoModelForCausalLM.from_pretrained(long, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight[model.config.eos_token_id] = 0.0
+        model.model.norm.weight.mul_(30.0)
+    model.save_pretrained(long)
+    original = [(n, p.detach().clone()) for n, p in model.named_parameters()]
+    shutil.copytree(long, nudged)
     torch.manual_seed(0)
     with torch.no_grad():
         for router in RoutingPatch(model).routers:
             router.weight.add_(torch.randn_like(router.weight) * 0.5)
     model.save_pretrained(nudged)
     weights = [(n, p.detach()) for n, p in model.named_parameters()]
-    original = [(n, p.detach()) for n, p in AutoModelForCausalLM.from_pretrained(folder).named_parameters()]
     prompts = [[4, 5, 13, 6, 14], [7, 13, 8, 8, 14]] * 4
     sp = SamplingSpec(n=3, temperature=1.0, max_tokens=100, routed_experts=True)
     cfg = EngineConfig(backend="hf", max_num_seqs=3, startup_timeout_s=120)  # one request per engine batch
-    client = spawn_engine(folder, cfg, seed=0, log_path=tmp_path / "engine.log")
+    client = spawn_engine(long, cfg, seed=0, log_path=tmp_path / "engine.log")
     try:
         for _ in range(3):  # where the cut falls is the threads' timing: until a sample is cut mid-decode
             client.update_weights(original)
@@ -315,7 +322,7 @@ def test_a_resumed_sample_replays_the_forward_that_sampled_its_last_tokens(folde
     finally:
         client.close()
     assert any(0 < c.versions.count(0) < len(c.token_ids) for _, c in samples), "no sample was cut mid-decode"
-    for weights_of, version in ((folder, 0), (nudged, 1)):
+    for weights_of, version in ((long, 0), (nudged, 1)):
         rows = [(p, c) for p, c in samples if version in c.versions and (version or 1 not in c.versions)]
         for prompt, c in rows:
             assert len(c.routed_experts) == len(prompt) + len(c.token_ids)
@@ -323,9 +330,17 @@ def test_a_resumed_sample_replays_the_forward_that_sampled_its_last_tokens(folde
                     for p, c in rows]  # fmt: skip
         batch = token_batch(rollouts, pad_id=0, temperature=1.0)
         sampled_so = batch.per_token([[float(v == version) for v in c.versions] for _, c in rows]).bool()
-        lp, _ = trainer(weights_of).logprobs(batch)
+        t = trainer(weights_of)
+        lp, _ = t.logprobs(batch)
         gap = (lp - batch.extras["rollout_logprobs"])[sampled_so & batch.mask.bool()]
         assert gap.numel() and gap.abs().max() < 1e-4, (version, gap.abs().max())
+        # the routing carried is the one these weights' own forward chooses at every token, the earlier tokens'
+        # included (near-deterministic samples would hide a wrong join from the log-probs alone)
+        carried, batch.routing = batch.routing, None
+        t.logprobs(batch, record_routing=True)
+        real = carried[:, :, 0] >= 0
+        differ = float((batch.routing[real] != carried[real]).any(-1).float().mean())
+        assert differ < 0.01, (version, differ)  # ~0.09 at version 1 when the earlier tokens keep the old routing
 
 
 class TwoTurns:
