@@ -122,6 +122,11 @@ class AgentLoop(Protocol):
         ...
 
 
+def row_kwargs(loop: AgentLoop, row: Any) -> dict[str, Any]:
+    """What `run` gets besides its ids: the prompt's row, for a loop that takes it (AgentLoop.takes_row)."""
+    return {"row": row} if getattr(loop, "takes_row", False) else {}
+
+
 def turn_seed(seed: int, turn: int) -> int:
     """The seed of a conversation's turn: the sample's own for the first turn (so single_turn samples exactly what
     a plain generate call would), then a hash of (seed, turn) so no two turns or samples share a stream."""
@@ -154,8 +159,7 @@ def replay(
         used += 1
         return list(turn), [0.0] * len(turn), "stop"
 
-    kwargs = {"row": row} if getattr(loop, "takes_row", False) else {}
-    trajectory = loop.run(list(prompt_ids), generate, max_new_tokens, 0, **kwargs)
+    trajectory = loop.run(list(prompt_ids), generate, max_new_tokens, 0, **row_kwargs(loop, row))
     if used != len(turns):
         raise ValueError(f"the loop ended after model turn {used} of {len(turns)} (turn {used} calls no tool?)")
     return trajectory

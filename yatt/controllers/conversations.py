@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from yatt.agents import build_loop
-from yatt.agents.base import AgentLoop, TokenizerCodec, Trajectory
+from yatt.agents.base import AgentLoop, TokenizerCodec, Trajectory, row_kwargs
 from yatt.agents.config import AgentConfig
 from yatt.balance.exchange import FINISH_REASONS
 from yatt.data.rollout import Rollout
@@ -148,9 +148,12 @@ class ConversationPool:
             return list(c.token_ids), list(c.logprobs) if c.logprobs else [0.0] * len(c.token_ids), c.finish_reason
 
         try:
-            row = {"row": self.rows.get(req.key)} if getattr(self.loop, "takes_row", False) else {}
             result = self.loop.run(
-                list(req.prompt), generate, req.sampling.max_tokens, conversation_seed(req.seed, sample), **row
+                list(req.prompt),
+                generate,
+                req.sampling.max_tokens,
+                conversation_seed(req.seed, sample),
+                **row_kwargs(self.loop, self.rows.get(req.key)),
             )
             if turns and turns[-1].completion.routed_experts:
                 result.routed_experts = last_turn_routing(result, turns[-1].request.prompt, turns[-1].completion)
