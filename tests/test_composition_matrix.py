@@ -6,7 +6,9 @@ so a bug that needs two features at once to show (the usual kind) shows here. Ea
 torchrun run of 2 steps with tiny models and hf engines: it must exit 0, log only finite metrics, log the keys of
 its features, and (export on) leave an HF folder in its checkpoint that transformers loads. The main combination
 (megatron TP=2, partial placement, a GenRM judge, balancing) runs 3 steps, saving each, and also resumes exactly
-after kill -9 during a background checkpoint write: its one uninterrupted run serves both tests."""
+after kill -9 during a background checkpoint write: its one uninterrupted run serves both tests. An environment
+package as the data source and agent loop (verifiers) is a row of its own with an ahead schedule, FSDP2, balancing,
+LoRA and an HF export."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import comparable, finish, launch, logged_steps, wait_for
 from test_megatron_composed_e2e import varied_rows
 from test_megatron_e2e import DIGITS_TP
+from test_verifiers_env import guessing_policy, needs_verifiers, small_nltk_data
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
 from yatt.checkpoint.manifest import verify
@@ -463,3 +466,55 @@ def test_main_combination_resumes_exactly_after_kill_9(tmp_path, main_run):
     b = load_file(run_dir / "policy" / "model.safetensors")
     assert set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     assert sum(r["actor/grad_norm"] > 0 for r in records(run_dir)[1:]) >= 2  # the resumed steps trained
+
+
+@needs_verifiers
+def test_an_environment_source_with_an_ahead_schedule(tmp_path):
+    """An environment package as the data and the agent loop (verifiers' TextArena Wordle: `data.train.kind:
+    verifiers`, `rollout.agent.kind: verifiers`, docs/environments.md), its reward the game's own, with an ahead
+    schedule (one_step_off), FSDP2, balancing, LoRA and an HF export: a row of its own, not a pairwise dimension
+    (its package is an optional extra and its prompts are the environment's tasks). 2 steps on 2 ranks of a policy
+    that guesses the game's nouns (test_verifiers_env.guessing_policy): finite metrics; step 1's samples come
+    from the weights the trainer holds, so its log-probs of the model's tokens equal the engine's (the feedback
+    turns between them masked); the games' rewards vary and the policy trains; the export loads."""
+    nltk = small_nltk_data(tmp_path / "nltk_data")
+    policy = guessing_policy(tmp_path / "policy")
+    split = "{kind: verifiers, taskset: textarena, options: {game: Wordle-v0}, nltk_data: %s, start: %d, size: %d}"
+    config = tmp_path / "wordle.yaml"
+    config.write_text(f"""
+model: {{path: {policy}}}
+data:
+  train: {split % (nltk, 0, 16)}
+  eval: {split % (nltk, 100, 4)}
+  prompts_per_step: 2
+  eval_prompts: 4
+  max_prompt_tokens: 1024
+rollout:
+  group_size: 4
+  max_new_tokens: 8
+  engine: {{backend: hf}}
+  agent: {{kind: verifiers, max_turns: 3, max_trajectory_tokens: 1200}}
+reward: {{kind: rule}}
+trainer: {{lr: 0.01, micro_batch_size: 4}}
+{run_body(STEPS, STEPS, 1)}""")
+    overrides = [*BACKENDS["fsdp2"], "balance.enabled=true", "checkpoint.export_hf=true"]
+    overrides += ["rollout.schedule.mode=one_step_off", "model.lora.rank=2", "model.lora.alpha=4"]
+    proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "m"
+    logged = records(run_dir)
+    assert [r["step"] for r in logged] == list(range(STEPS + 1))
+    for r in logged:
+        bad = {k: v for k, v in r.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
+        assert not bad, (r["step"], bad)
+    assert logged[0]["eval/count"] == logged[-1]["eval/count"] == 4
+    steps = logged[1:]
+    for r in steps:
+        assert r["rollout/samples"] == 8 and r["agent/turns_mean"] >= 1, r
+        assert {"async/staleness_mean", "balance/moved_samples", "agent/tool_token_frac"} <= set(r), r
+        assert 0.0 <= r["reward/mean"] <= 1.0, r
+    assert steps[0]["rollout/trainer_logprob_diff_max"] < 1e-3, steps[0]
+    assert any(r["actor/grad_norm"] > 0 for r in steps), steps  # a group's games scored differently
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["data_source"] == "verifiers/textarena" for s in samples)
+    check_export(run_dir, STEPS, lora=True)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import itertools
 import json
 import pickle
 import random
 import string
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 from chat_tokenizer import CHATML
@@ -159,12 +161,15 @@ def test_nltk_data_builder_writes_what_nltk_reads(tmp_path):
     assert json.loads(tag.with_name(tag.name + ".tagdict.json").read_text())["crane"] == "NN"
 
 
-@pytest.fixture(scope="module")
-def nltk_folder(tmp_path_factory):
-    """A small nltk_data folder: NOUNS as both word lists, each tagged NN."""
-    out = tmp_path_factory.mktemp("nltk") / "nltk_data"
+def small_nltk_data(out: Path) -> Path:
+    """A small nltk_data folder: NOUNS as both word lists, each tagged NN (so they are Wordle's secret words)."""
     nltk_data.write_nltk_data(out, NOUNS, NOUNS, ({}, {w: "NN" for w in NOUNS}, ["NN"]))
     return out
+
+
+@pytest.fixture(scope="module")
+def nltk_folder(tmp_path_factory):
+    return small_nltk_data(tmp_path_factory.mktemp("nltk") / "nltk_data")
 
 
 def wordle_rows(nltk_folder, rank=0, world_size=1, size=4, start=0):
@@ -276,65 +281,55 @@ def test_a_row_of_another_source_is_refused_by_the_loop():
         loop.run([1, 2], Guesser(), 8, 0, row=row)
 
 
-@needs_verifiers
-@pytest.mark.engine
-def test_two_steps_of_wordle_through_the_real_engines(nltk_folder, tmp_path):
-    """The CI-size run: launch/train.py on 2 ranks with hf engines, a random tiny Qwen2 whose tokenizer has
-    ChatML's specials and a chat template, TextArena's Wordle as data and loop. A random policy never writes a
-    valid guess, so its games end on the second invalid move (TextArena allows one) with reward 0: this checks
-    the plumbing (rows, turns, masks, the environment's reward as the reward), not learning."""
-    import subprocess
+# ChatML with "role:" headers: a turn's last prompt token is ":", which no guess holds
+CHAT_COLON = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + ':' + message['content'] + '<|im_end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant:' }}{% endif %}"
+)
 
-    from e2e import env, nproc_args
-    from transformers import AutoTokenizer
+
+def guessing_policy(folder: Path) -> Path:
+    """A tiny Qwen2 (printable characters and NOUNS as tokens, ChatML's specials, CHAT_COLON) that samples Wordle
+    guesses, so a group's rewards vary: its layers add nothing to the residual stream (zero output projections),
+    so the next token is a fixed function of the last one, a bigram table in an untied output layer: ":" (the end of
+    the assistant header) -> "[", "[" -> a noun of the game's list or "q" (an invalid guess), either -> "]", and
+    "]" -> the end of the turn, with equal logits for every allowed token. At temperature 1 most guesses are valid
+    and match the secret word more or less; a few are invalid moves (TextArena ends the game at the second)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
     shape = TinyModelConfig(
         alphabet="".join(dict.fromkeys(string.printable + "—–’‘“”…")),
         special_tokens=["<|im_start|>", "<|im_end|>"],
-        hidden_size=64,
+        words=NOUNS,
+        hidden_size=128,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=1536,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
     )
-    policy = write_tiny_model(tmp_path / "policy", shape, seed=0)
-    tok = AutoTokenizer.from_pretrained(policy)
-    tok.chat_template = CHATML
-    tok.save_pretrained(policy)
-    split = "{kind: verifiers, taskset: textarena, options: {game: Wordle-v0}, nltk_data: %s, start: %d, size: %d}"
-    config = tmp_path / "wordle.yaml"
-    config.write_text(f"""
-model: {{path: {policy}}}
-data:
-  train: {split % (nltk_folder, 0, 8)}
-  eval: {split % (nltk_folder, 100, 2)}
-  prompts_per_step: 2
-  eval_prompts: 2
-  max_prompt_tokens: 1024
-rollout:
-  group_size: 2
-  max_new_tokens: 8
-  engine: {{backend: hf}}
-  agent: {{kind: verifiers, max_turns: 3, max_trajectory_tokens: 1200}}
-reward: {{kind: rule}}
-trainer: {{lr: 1.0e-3, micro_batch_size: 4}}
-checkpoint: {{every: 2}}
-run: {{name: wordle, steps: 2, eval_every: 0, output_dir: {tmp_path / "runs"}}}
-""")
-    done = subprocess.run(nproc_args(config), env=env(), capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    metrics = [json.loads(line) for line in (tmp_path / "runs/wordle/metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in metrics if "reward/mean" in m]
-    assert [m["step"] for m in steps] == [1, 2]
-    for m in steps:
-        assert m["reward/mean"] == 0.0 and m["agent/turns_mean"] >= 1  # the games' own (zero) reward, played
-        # the trainer scores the model's tokens as the engine sampled them: masks and ids line up
-        assert m["rollout/trainer_logprob_diff_max"] < 1e-3
-    samples = [json.loads(line) for line in (tmp_path / "runs/wordle/samples.jsonl").read_text().splitlines()]
-    assert samples and all(s["data_source"] == "verifiers/textarena" for s in samples)
+    write_tiny_model(folder, shape, seed=0)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.chat_template = CHAT_COLON
+    tok.save_pretrained(folder)
+    follows = {":": {"["}, "[": {*NOUNS, "q"}, "q": {"]"}, "]": {tok.eos_token}, **{w: {"]"} for w in NOUNS}}
+    model, vocab = AutoModelForCausalLM.from_pretrained(folder), tok.get_vocab()
+    assert len(vocab) <= shape.hidden_size  # one-hot embeddings
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.eye(len(vocab), shape.hidden_size))
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        for token, i in vocab.items():
+            for nxt in follows.get(token, {tok.eos_token}):
+                model.lm_head.weight[vocab[nxt], i] = 1.0  # x sqrt(hidden) after the final norm: ~e^-11 leak
+    model.save_pretrained(folder)
+    return folder
 
 
 @needs_verifiers
@@ -350,3 +345,70 @@ def test_a_warm_up_replays_scripted_guesses_through_the_environment(nltk_folder)
     t = replay(loop, row.prompt_ids(TOK), turns, 64, row)
     assert t.num_turns == moves and t.ended_by == "environment"
     assert [i for i, m in zip(t.response_ids, t.response_mask) if m] == [i for turn in turns for i in turn]
+
+
+def test_scripted_wordle_feedback_counts_repeated_letters_as_the_game_does():
+    from yatt.quickstart.wordle import marks
+
+    assert marks("crane", "crane") == "GGGGG"
+    assert marks("eerie", "crane") == "XXYXG"  # one e in the secret: the green one; r elsewhere: yellow
+    assert marks("paper", "apple") == "YYGYX"  # two p's in both: one green, one yellow
+
+
+@needs_verifiers
+def test_scripted_games_replay_through_the_loop_as_sft_examples(nltk_folder):
+    """yatt.quickstart.wordle plays tasks through the environment with a player that keeps to the feedback (its
+    marks equal TextArena's own), and its rows replay through the run's loop (launch/sft.py's examples): the
+    guesses are the labels, the game's feedback is not, and the player wins every game of a 10-word list."""
+    from textarena.envs.Wordle.env import WordleEnv
+
+    from yatt.data.records import row_from_record
+    from yatt.data.sft import agent_example_ids
+    from yatt.quickstart.wordle import marks, scripted_row, secret_words
+
+    words = secret_words(nltk_folder)
+    assert sorted(words) == sorted(NOUNS)
+    game = WordleEnv()
+    game.reset(seed=0)
+    for guess, secret in itertools.product(NOUNS, NOUNS):
+        game.state.game_state["secret_word"] = secret
+        assert marks(guess, secret) == "".join(game._evaluate_guess(guess)), (guess, secret)
+    loop = EnvironmentLoop(AgentConfig(kind="verifiers", max_turns=6, max_trajectory_tokens=8192), {}, CODEC)
+    for row in wordle_rows(nltk_folder, size=3, start=20):
+        record, reward = scripted_row(row, words, TOK.eos_token)
+        assert reward == 1.0
+        guesses = record["answer"].split(TOK.eos_token)[:-1]
+        again = row_from_record(json.loads(json.dumps(record)), 0, "a scripted row")
+        ids, labels = agent_example_ids(again, TOK, loop, 16)
+        learned = [i for i in labels if i != -100]
+        assert learned == [i for g in guesses for i in CODEC.encode(g) + [TOK.eos_token_id]]
+
+
+@needs_verifiers
+def test_the_warm_ups_stop_check_scores_games_by_their_own_reward(nltk_folder, tmp_path):
+    """launch/sft.py's evaluation through the environment loop (the rows go to the loop) scores each game with the
+    environment's reward: a greedy guessing policy nudged to always write [crane] scores what TextArena gives
+    [crane] and then a repeated guess (an invalid move each, the game ends at the second), and wins where the
+    secret is crane. The rows are the scripted games' (yatt.quickstart.wordle), as in the warm-up's eval file."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from yatt.data.records import row_from_record
+    from yatt.quickstart.sft import evaluate
+    from yatt.quickstart.wordle import scripted_row, secret_words
+
+    folder = guessing_policy(tmp_path / "policy")
+    model, tok = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        model.lm_head.weight[tok.convert_tokens_to_ids("crane"), tok.convert_tokens_to_ids("[")] += 0.1
+    words = secret_words(nltk_folder)
+    rows = [
+        row_from_record(scripted_row(row, words, "</s>")[0], row.index, row.where)
+        for row in wordle_rows(nltk_folder, size=12)
+    ]
+    loop = EnvironmentLoop(AgentConfig(kind="verifiers", max_turns=6), {}, TokenizerCodec(tok))
+    result = evaluate(model, tok, rows, 8, loop=loop)
+    expected = [game_reward(row.index, ["[crane]"])[0] for row in rows]
+    assert result["reward"] == pytest.approx(sum(expected) / len(rows))
+    assert result["accuracy"] == sum(r == 1.0 for r in expected) / len(rows)
+    assert 0 < result["accuracy"] < 1 and result["calls"] == 0

@@ -16,6 +16,7 @@ For evaluation a row becomes a prompt (its messages up to the last assistant tur
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import torch
@@ -108,13 +109,20 @@ def _batched_prompt_examples(rows: list[PromptRow], tokenizer) -> list[tuple[lis
 
 
 def encode_examples(rows: list[PromptRow], tokenizer, max_tokens: int | None = None,
-                    loop: AgentLoop | None = None, max_new_tokens: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                    loop: AgentLoop | None = None, max_new_tokens: int = 0, log=None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded ids and labels of all rows (padding has label -100); with `loop`, each row is a conversation
-    (agent_example_ids, each model turn at most `max_new_tokens`)."""
+    (agent_example_ids, each model turn at most `max_new_tokens`; an environment's game can take a second each,
+    so `log` gets a progress line every ~10 s)."""
     if loop is None:
         pairs = _batched_prompt_examples(rows, tokenizer)
     else:
-        pairs = [agent_example_ids(row, tokenizer, loop, max_new_tokens) for row in rows]
+        pairs, start, shown = [], time.perf_counter(), time.perf_counter()
+        for row in rows:
+            pairs.append(agent_example_ids(row, tokenizer, loop, max_new_tokens))
+            if log and time.perf_counter() - shown > 10:
+                shown = time.perf_counter()
+                log(f"  replayed {len(pairs)}/{len(rows)} conversations through the loop, {shown - start:.0f}s")
     for row, (ids, _) in zip(rows, pairs):
         if max_tokens is not None and len(ids) > max_tokens:
             raise DataError(f"{row.where}: the example has {len(ids)} tokens, more than max_tokens={max_tokens}")

@@ -9,7 +9,8 @@ through the taskset's own task class (`task_of`), so the package's own task gene
 used. What the in-process route does not run is refused when the environment is built (`check_in_process`).
 
 textarena's games call `nltk.download`, which goes to GitHub; `offline_nltk` points nltk at a local folder
-(yatt.envs.nltk_data builds one) and makes a download a lookup there that fails naming the command to run.
+(yatt.envs.nltk_data builds one) and makes a download a lookup there that fails naming the command to run. They
+also rebuild their English dictionary for every game; `share_dictionaries` builds it once per process.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ NLTK_KINDS = ("corpora", "taggers", "tokenizers", "models", "chunkers", "stemmer
 
 _envs: dict[str, Any] = {}
 _lock = threading.Lock()
+_dictionaries_lock = threading.Lock()
 
 
 def env_config(taskset: dict) -> dict:
@@ -45,6 +47,7 @@ def load_env(taskset: dict, nltk_data: str | None = None) -> Any:
         if key not in _envs:
             vf = require_verifiers()
             offline_nltk(nltk_data)
+            share_dictionaries()
             try:
                 env = vf.load_environment(vf.resolve_env_config(env_config(taskset)))
             except Exception as err:  # a wrong taskset id or option: verifiers' message, on one line
@@ -99,6 +102,35 @@ def offline_nltk(folder: str | Path | None) -> None:
     if folder is not None and str(folder) not in nltk.data.path:
         nltk.data.path.insert(0, str(folder))
     nltk.download = _nltk_lookup
+
+
+def share_dictionaries() -> None:
+    """Build each of textarena's `EnglishDictionary`s once per process. Its games build one from the bundled
+    hunspell lists and nltk's words every time a game is made, i.e. every episode: 2.2 s of a 2.4 s Wordle
+    episode here. The games only read it (`is_english_word`, `get_all_words`), so one per set of arguments and
+    nltk search path serves them all."""
+    try:
+        from textarena.envs.utils import word_lists
+    except ImportError:  # no textarena: no textarena games
+        return
+    cls = word_lists.EnglishDictionary
+    if getattr(cls, "_yatt_shared", False):
+        return
+    build, built = cls.__init__, {}
+
+    def shared(klass, *args: Any, **kwargs: Any) -> Any:
+        import nltk
+
+        key = (klass, args, tuple(sorted(kwargs.items())), tuple(map(str, nltk.data.path)))
+        with _dictionaries_lock:
+            if key not in built:
+                built[key] = object.__new__(klass)
+                build(built[key], *args, **kwargs)
+            return built[key]
+
+    cls.__new__ = shared
+    cls.__init__ = lambda self, *args, **kwargs: None  # built once, in shared()
+    cls._yatt_shared = True
 
 
 def _nltk_lookup(info_or_id: Any = None, *args: Any, **kwargs: Any) -> bool:

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import AutoModelForCausalLM
 
 from yatt.agents import build_loop
-from yatt.agents.base import AgentLoop, TokenizerCodec, Trajectory
+from yatt.agents.base import AgentLoop, TokenizerCodec, Trajectory, row_kwargs
 from yatt.agents.config import AgentConfig
 from yatt.config_loading import dump_config
 from yatt.data.errors import DataError
@@ -191,9 +191,16 @@ def greedy_turns(
 
 
 def greedy_conversations(
-    model, loop: AgentLoop, prompts: list[list[int]], max_new_tokens: int, eos_id: int, sampling: Sampling | None = None
+    model,
+    loop: AgentLoop,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos_id: int,
+    sampling: Sampling | None = None,
+    rows: list[PromptRow] | None = None,
 ) -> list[Trajectory]:
-    """`loop`'s greedy (or, with `sampling`, sampled) conversation from every prompt. Each runs in its own thread
+    """`loop`'s greedy (or, with `sampling`, sampled) conversation from every prompt (and its row, for a loop that
+    takes it: an environment's task). Each runs in its own thread
     (a loop is plain sequential code that calls `generate`); whenever every live conversation waits on a turn,
     those turns are decoded together in this thread (`greedy_turns`), so the model is only ever called here."""
     cond = threading.Condition()
@@ -215,7 +222,8 @@ def greedy_conversations(
             return turn, [0.0] * len(turn), "stop" if turn and turn[-1] == eos_id else "length"
 
         try:
-            out[i] = loop.run(prompts[i], generate, max_new_tokens, 0)
+            row = rows[i] if rows is not None else None
+            out[i] = loop.run(prompts[i], generate, max_new_tokens, 0, **row_kwargs(loop, row))
         except BaseException as err:  # raised again in the caller's thread
             errors.append(err)
         finally:
@@ -256,7 +264,8 @@ def evaluate(
     sampling: Sampling | None = None,
 ) -> dict[str, float]:
     """Greedy (with `sampling`: sampled) `accuracy` on `rows`: the fraction whose response (with `loop`: the last
-    model turn of the conversation) gets a full score from the row's verifier. With `loop` also `calls`, the fraction of
+    model turn of the conversation, or the environment's reward when the loop is an environment's) gets a full
+    score from the row's verifier. With `loop` also `reward`, the mean score, `calls`, the fraction of
     conversations that called a tool, and `call_accuracy`, the accuracy of those (0 if none did). Rows are
     grouped by prompt length so no padding is needed; `log` gets a progress line every ~10 s."""
     was_training = model.training
@@ -265,21 +274,25 @@ def evaluate(
     if loop is not None:
         start = time.perf_counter()
         trajectories = greedy_conversations(
-            model, loop, [ids for ids, _ in prompts], max_new_tokens, tokenizer.eos_token_id, sampling
+            model, loop, [ids for ids, _ in prompts], max_new_tokens, tokenizer.eos_token_id, sampling, rows
         )
         model.train(was_training)
-        right = [score(t.final_text, row) >= 1.0 for t, (_, row) in zip(trajectories, prompts)]
+        scores = [
+            t.reward if t.reward is not None else score(t.final_text, row) for t, (_, row) in zip(trajectories, prompts)
+        ]
+        right = [s >= 1.0 for s in scores]
         called = [t.tool_calls > 0 for t in trajectories]
         calls = sum(called)
         result = {
             "accuracy": sum(right) / max(len(rows), 1),
+            "reward": sum(scores) / max(len(rows), 1),
             "calls": calls / max(len(rows), 1),
             "call_accuracy": sum(r for r, c in zip(right, called) if c) / max(calls, 1),
         }
         if log:
             log(
-                f"  eval: {result['calls']:.2f} of the conversations call a tool, {result['call_accuracy']:.3f} of "
-                f"those right, {time.perf_counter() - start:.1f}s"
+                f"  eval: mean score {result['reward']:.3f}, {result['calls']:.2f} of the conversations call a tool, "
+                f"{result['call_accuracy']:.3f} of those right, {time.perf_counter() - start:.1f}s"
             )
         return result
     by_length: dict[int, list[tuple[list[int], PromptRow]]] = {}
@@ -370,7 +383,7 @@ def run_sft(cfg: SFTConfig, log=print) -> dict:
     for row in eval_rows:
         eval_prompt(row, tokenizer)  # a bad eval row fails now, not after minutes of training
     loop = build_loop(cfg.agent, TokenizerCodec(tokenizer)) if cfg.agent is not None else None
-    ids, labels = encode_examples(train_rows, tokenizer, cfg.max_tokens, loop, cfg.max_new_tokens)
+    ids, labels = encode_examples(train_rows, tokenizer, cfg.max_tokens, loop, cfg.max_new_tokens, log)
     log(
         f"sft: {params:,} params, {len(train_rows)} training rows ({int((labels != -100).sum()):,} target tokens), "
         f"{len(stop_rows)} eval rows for the stop check"
