@@ -4,7 +4,9 @@ rollout.agent.kind=verifiers loop, token by token, with a scripted model: the en
 game's own; the data source's seeded slices; the nltk_data builder; and the config rules (no verifiers needed).
 
 The tests that play a game need the verifiers package (`pip install 'yatt[verifiers]'`) and are skipped without
-it; they build a small nltk_data folder themselves (five-letter nouns), so nothing is downloaded.
+it; they build a small nltk_data folder themselves (five-letter nouns), so nothing is downloaded. The run through
+launch/train.py on 2 ranks is the composition matrix's environment row (tests/test_composition_matrix.py), with
+`guessing_policy` below; the format warm-up's scripted games (yatt.quickstart.wordle) are tested here.
 """
 
 from __future__ import annotations

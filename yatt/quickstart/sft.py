@@ -200,9 +200,9 @@ def greedy_conversations(
     rows: list[PromptRow] | None = None,
 ) -> list[Trajectory]:
     """`loop`'s greedy (or, with `sampling`, sampled) conversation from every prompt (and its row, for a loop that
-    takes it: an environment's task). Each runs in its own thread
-    (a loop is plain sequential code that calls `generate`); whenever every live conversation waits on a turn,
-    those turns are decoded together in this thread (`greedy_turns`), so the model is only ever called here."""
+    takes it: an environment's task). Each runs in its own thread (a loop is plain sequential code that calls
+    `generate`); whenever every live conversation waits on a turn, those turns are decoded together in this
+    thread (`greedy_turns`), so the model is only ever called here."""
     cond = threading.Condition()
     waiting: dict[int, tuple[list[int], int]] = {}
     answers: dict[int, list[int]] = {}
