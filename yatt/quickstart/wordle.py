@@ -99,7 +99,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for sft.jsonl and eval.jsonl")
     parser.add_argument("--nltk-data", type=Path, required=True, help="folder of python -m yatt.envs.nltk_data")
-    parser.add_argument("--train", type=int, default=400, help="games to learn from (tasks 0 ..)")
+    parser.add_argument("--train", type=int, default=256, help="games to learn from (tasks 0 ..)")
     parser.add_argument("--eval", type=int, default=32, help="held-out games (tasks 50000 .., the run's eval)")
     parser.add_argument("--eos", default="<|im_end|>", help="the policy tokenizer's end-of-sequence text")
     args = parser.parse_args(argv)
