@@ -142,6 +142,29 @@ JUDGE_TINY = TinyModelConfig(
 )
 
 
+def bigram_table(folder: Path, follows: dict[str, set[str]], default: str) -> Path:
+    """Turn the tiny model in `folder` (an untied output layer, hidden size >= vocab) into a bigram table, so its
+    next token is a fixed function of the last one: its layers add nothing to the residual stream (zero output
+    projections), the embeddings are one-hot (the final norm keeps them one-hot), and the output layer gives
+    every token of follows[token] (else `default`) the same logit, ~11 after the norm's scale (others 0)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, vocab = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder).get_vocab()
+    hidden = model.config.hidden_size
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(torch.eye(len(vocab), hidden))
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        model.lm_head.weight.zero_()
+        for token, i in vocab.items():
+            for nxt in follows.get(token, {default}):
+                model.lm_head.weight[vocab[nxt], i] = 1.0
+    model.save_pretrained(folder)
+    return folder
+
+
 def genrm_reward(tmp: Path, engine: str, positions: int = 32) -> str:
     """The reward section of a run judged by a random tiny judge (written to tmp/judge, seed 4) mixed with the
     rule. Its verdicts are mostly unreadable, which exercises the fallback; the rule part keeps a learning

@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from e2e import JUDGE_TINY, experiment, process_tree, torchrun
+from e2e import JUDGE_TINY, bigram_table, experiment, process_tree, torchrun
 from megatron_ranks import HAVE_MEGATRON
 from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import comparable, finish, launch, logged_steps, wait_for
@@ -191,23 +191,12 @@ def readable_judge(folder: Path) -> Path:
     """A tiny judge whose verdicts are always readable, so a GenRM-only reward varies within a group (the random
     judge of e2e.genrm_reward never says a whole "yes" or "no": its reward would be constant, GRPO would train
     nothing and dynamic sampling would keep nothing). Its layers add nothing to the residual stream (zero output
-    projections), so the next token is a fixed function of the last one, a bigram table in an untied output layer:
-    the response's last character an even digit -> "yes", anything else -> "no"."""
+    projections), so the next token is a fixed function of the last one, a bigram table in an untied output layer
+    (e2e.bigram_table): the response's last character an even digit -> "yes", anything else -> "no"."""
     shape = JUDGE_TINY.model_copy(update={"max_position_embeddings": 32, "tie_word_embeddings": False})
     write_tiny_model(folder, shape, seed=4)
-    model, vocab = AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder).get_vocab()
     follows = {**{str(d): "yn"[d % 2] for d in range(10)}, "y": "e", "e": "s", "n": "o", "s": "</s>", "o": "</s>"}
-    size, hidden = len(vocab), shape.hidden_size
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(torch.eye(size, hidden))  # one-hot: the final norm keeps it one-hot
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.lm_head.weight.zero_()
-        for token, i in vocab.items():
-            model.lm_head.weight[vocab[follows.get(token, "n")], i] = 1.0
-    model.save_pretrained(folder)
-    return folder
+    return bigram_table(folder, {token: {nxt} for token, nxt in follows.items()}, default="n")
 
 
 def judge_section(tmp: Path, kind: str) -> str:
@@ -313,12 +302,17 @@ def feature_keys(c: Combination) -> list[str]:
     return keys
 
 
-def check_metrics(c: Combination, logged: list[dict], steps: int = STEPS) -> None:
+def check_steps_finite(logged: list[dict], steps: int) -> None:
+    """Every step 0..steps logged once, each metric a finite number."""
     assert [r["step"] for r in logged] == list(range(steps + 1))
-    # no exception needed: a step that trains on nothing (dynamic sampling keeping no group) logs 0, not NaN
     for r in logged:
         bad = {k: v for k, v in r.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
         assert not bad, (r["step"], bad)
+
+
+def check_metrics(c: Combination, logged: list[dict], steps: int = STEPS) -> None:
+    # no exception needed: a step that trains on nothing (dynamic sampling keeping no group) logs 0, not NaN
+    check_steps_finite(logged, steps)
     assert logged[0]["eval/count"] == logged[-1]["eval/count"] == 16  # held-out rows at start and end, once each
     steps = logged[1:]
     for r in steps:
@@ -503,10 +497,7 @@ trainer: {{lr: 0.01, micro_batch_size: 4}}
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "m"
     logged = records(run_dir)
-    assert [r["step"] for r in logged] == list(range(STEPS + 1))
-    for r in logged:
-        bad = {k: v for k, v in r.items() if not isinstance(v, (int, float)) or not math.isfinite(v)}
-        assert not bad, (r["step"], bad)
+    check_steps_finite(logged, STEPS)
     assert logged[0]["eval/count"] == logged[-1]["eval/count"] == 4
     steps = logged[1:]
     for r in steps:

@@ -292,13 +292,13 @@ CHAT_COLON = (
 
 def guessing_policy(folder: Path) -> Path:
     """A tiny Qwen2 (printable characters and NOUNS as tokens, ChatML's specials, CHAT_COLON) that samples Wordle
-    guesses, so a group's rewards vary: its layers add nothing to the residual stream (zero output projections),
-    so the next token is a fixed function of the last one, a bigram table in an untied output layer: ":" (the end of
-    the assistant header) -> "[", "[" -> a noun of the game's list or "q" (an invalid guess), either -> "]", and
-    "]" -> the end of the turn, with equal logits for every allowed token. At temperature 1 most guesses are valid
-    and match the secret word more or less; a few are invalid moves (TextArena ends the game at the second)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    guesses, so a group's rewards vary: its next token is a fixed function of the last one (e2e.bigram_table):
+    ":" (the end of the assistant header) -> "[", "[" -> a noun of the game's list or "q" (an invalid guess),
+    either -> "]", and "]" -> the end of the turn, with equal logits for every allowed token. At temperature 1 most
+    guesses are valid and match the secret word more or less; a few are invalid moves (TextArena ends the game at
+    the second)."""
+    from e2e import bigram_table
+    from transformers import AutoTokenizer
 
     from yatt.models.tiny import TinyModelConfig, write_tiny_model
 
@@ -319,19 +319,8 @@ def guessing_policy(folder: Path) -> Path:
     tok.chat_template = CHAT_COLON
     tok.save_pretrained(folder)
     follows = {":": {"["}, "[": {*NOUNS, "q"}, "q": {"]"}, "]": {tok.eos_token}, **{w: {"]"} for w in NOUNS}}
-    model, vocab = AutoModelForCausalLM.from_pretrained(folder), tok.get_vocab()
-    assert len(vocab) <= shape.hidden_size  # one-hot embeddings
-    with torch.no_grad():
-        model.model.embed_tokens.weight.copy_(torch.eye(len(vocab), shape.hidden_size))
-        for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        model.lm_head.weight.zero_()
-        for token, i in vocab.items():
-            for nxt in follows.get(token, {tok.eos_token}):
-                model.lm_head.weight[vocab[nxt], i] = 1.0  # x sqrt(hidden) after the final norm: ~e^-11 leak
-    model.save_pretrained(folder)
-    return folder
+    assert len(tok) <= shape.hidden_size  # one-hot embeddings
+    return bigram_table(folder, follows, default=tok.eos_token)
 
 
 @needs_verifiers
