@@ -12,7 +12,7 @@ PLACEMENT ?= partial
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml scripts/setup.sh environments/vf-reasoning-gym/pyproject.toml
 	bash scripts/setup.sh
 	touch $(STAMP)
 

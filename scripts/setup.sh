@@ -28,4 +28,7 @@ else
   python -m pip install -q --no-deps "$(python -c 'import sys; print("megatron-core==0.16.1" if sys.version_info < (3, 12) else "megatron-core>=0.17")')" \
     || echo "note: megatron-core did not install; trainer.backend=megatron and its tests are unavailable"
 fi
+# the single-turn verifiers environment package of configs/smollm2_arith_env.yaml and its tests
+# (docs/environments.md); --no-deps: verifiers and reasoning-gym came with yatt
+python -m pip install -q --no-deps -e environments/vf-reasoning-gym
 python -c "import yatt, torch, vllm; print(f'yatt ready: torch {torch.__version__}, vllm {vllm.__version__}')"

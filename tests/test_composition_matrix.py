@@ -12,6 +12,7 @@ LoRA and an HF export."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -28,7 +29,7 @@ from safetensors.torch import load_file
 from test_checkpoint_resume_e2e import comparable, finish, launch, logged_steps, wait_for
 from test_megatron_composed_e2e import varied_rows
 from test_megatron_e2e import DIGITS_TP
-from test_verifiers_env import guessing_policy, needs_verifiers, small_nltk_data
+from test_verifiers_env import chat_policy, guessing_policy, needs_verifiers, small_nltk_data
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
 from yatt.checkpoint.manifest import verify
@@ -38,6 +39,8 @@ from yatt.models.tiny import write_tiny_model
 from yatt.quickstart.sft_vl import run_sft_vl
 from yatt.quickstart.shapes import write_shapes_files
 from yatt.refusals import launch_refusals
+
+HAS_ENV_PACKAGE = importlib.util.find_spec("vf_reasoning_gym") is not None  # implies verifiers
 
 
 class Combination(NamedTuple):
@@ -509,3 +512,57 @@ trainer: {{lr: 0.01, micro_batch_size: 4}}
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and all(s["data_source"] == "verifiers/textarena" for s in samples)
     check_export(run_dir, STEPS, lora=True)
+
+
+@pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")
+@pytest.mark.skipif(not HAS_ENV_PACKAGE, reason="needs environments/vf-reasoning-gym (make setup installs it)")
+def test_a_single_turn_environment_on_megatron_with_a_judge(tmp_path):
+    """A single-turn environment package (environments/vf-reasoning-gym: reasoning-gym's syllogisms, each task
+    scored by its own `@vf.reward` over the verifiers trace, docs/environments.md) with Megatron TP=2, partial
+    placement, a GenRM judge mixed with the environment's reward, and dynamic sampling: a row of its own, like the
+    Wordle row above, covering the dimensions that one does not. 2 steps on 2 ranks of a policy that answers "Yes"
+    or "No" at random (test_verifiers_env.chat_policy), so half its answers are right: finite metrics, one model
+    turn per sample, the judge served on its own device and judging every fresh sample, step 1's trainer/engine
+    log-prob gap, rewards that vary (the policy trains), and the rewards are the environment's plus the judge's."""
+    policy = chat_policy(tmp_path / "policy", ["Yes", "No"], {":": {"Yes", "No"}}, kv_heads=2)
+    judge = readable_judge(tmp_path / "judge")
+    task = "{dataset: syllogism, size: 64, seed: %d, instruction: '{question}'}"
+    split = "{kind: verifiers, taskset: vf-reasoning-gym, options: %s, size: %d}"
+    config = tmp_path / "syllogism.yaml"
+    config.write_text(f"""
+model: {{path: {policy}}}
+data:
+  train: {split % (task % 0, 64)}
+  eval: {split % (task % 1, 4)}
+  prompts_per_step: 4
+  eval_prompts: 4
+  max_prompt_tokens: 320
+rollout:
+  group_size: 4
+  max_new_tokens: 4
+  engine: {{backend: hf}}
+  agent: {{kind: verifiers, max_turns: 1, max_trajectory_tokens: 330}}
+reward:
+  kind: genrm_with_rule
+  judges: [{{name: j, model: {judge}, template: ":{{response}}", max_tokens: 3, unparseable_score: 0.5,
+            engine: {{backend: hf}}}}]
+trainer: {{lr: 0.01, micro_batch_size: 8}}
+algorithm: {{dynamic_sampling: {{enabled: true}}}}
+{run_body(STEPS, STEPS, 1)}""")
+    overrides = ["--placement", "partial", *BACKENDS["tp2"]]
+    proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "m"
+    logged = records(run_dir)
+    check_steps_finite(logged, STEPS)
+    assert logged[0]["eval/count"] == logged[-1]["eval/count"] == 4
+    steps = logged[1:]
+    for r in steps:
+        assert r["agent/turns_mean"] == 1.0 and r["placement/genrm_devices"] == 1, r
+        assert r["genrm/judged"] % 4 == 0 and r["genrm/judged"] > 0, r
+        assert r["rollout/samples"] == 4 * r["dynamic_sampling/kept_groups"], r
+    assert steps[0]["rollout/trainer_logprob_diff_max"] < 1e-3, steps[0]
+    assert any(r["actor/grad_norm"] > 0 for r in steps), steps  # a group's answers scored differently
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["data_source"] == "verifiers/vf-reasoning-gym" for s in samples)
+    assert {s["response"].strip() for s in samples} <= {"Yes", "No"}

@@ -290,13 +290,10 @@ CHAT_COLON = (
 )
 
 
-def guessing_policy(folder: Path) -> Path:
-    """A tiny Qwen2 (printable characters and NOUNS as tokens, ChatML's specials, CHAT_COLON) that samples Wordle
-    guesses, so a group's rewards vary: its next token is a fixed function of the last one (e2e.bigram_table):
-    ":" (the end of the assistant header) -> "[", "[" -> a noun of the game's list or "q" (an invalid guess),
-    either -> "]", and "]" -> the end of the turn, with equal logits for every allowed token. At temperature 1 most
-    guesses are valid and match the secret word more or less; a few are invalid moves (TextArena ends the game at
-    the second)."""
+def chat_policy(folder: Path, words: list[str], follows: dict[str, set[str]], kv_heads: int = 1) -> Path:
+    """A tiny Qwen2 (printable characters and `words` as tokens, ChatML's specials, CHAT_COLON) whose next token is
+    a fixed function of the last one (e2e.bigram_table): `follows[token]`, with equal logits for each; "EOS" in a
+    set stands for the end of the turn, which also follows every other token. `kv_heads`: 2 for tensor parallel."""
     from e2e import bigram_table
     from transformers import AutoTokenizer
 
@@ -305,12 +302,12 @@ def guessing_policy(folder: Path) -> Path:
     shape = TinyModelConfig(
         alphabet="".join(dict.fromkeys(string.printable + "—–’‘“”…")),
         special_tokens=["<|im_start|>", "<|im_end|>"],
-        words=NOUNS,
+        words=words,
         hidden_size=128,
         intermediate_size=128,
         num_hidden_layers=1,
         num_attention_heads=2,
-        num_key_value_heads=1,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
     )
@@ -318,9 +315,19 @@ def guessing_policy(folder: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(folder)
     tok.chat_template = CHAT_COLON
     tok.save_pretrained(folder)
-    follows = {":": {"["}, "[": {*NOUNS, "q"}, "q": {"]"}, "]": {tok.eos_token}, **{w: {"]"} for w in NOUNS}}
     assert len(tok) <= shape.hidden_size  # one-hot embeddings
-    return bigram_table(folder, follows, default=tok.eos_token)
+    eos = tok.eos_token
+    table = {token: {eos if t == "EOS" else t for t in nexts} for token, nexts in follows.items()}
+    return bigram_table(folder, table, default=eos)
+
+
+def guessing_policy(folder: Path) -> Path:
+    """A chat_policy that samples Wordle guesses, so a group's rewards vary: ":" (the end of the assistant header)
+    -> "[", "[" -> a noun of the game's list or "q" (an invalid guess), either -> "]", and "]" -> the end of the
+    turn. At temperature 1 most guesses are valid and match the secret word more or less; a few are invalid moves
+    (TextArena ends the game at the second)."""
+    follows = {":": {"["}, "[": {*NOUNS, "q"}, "q": {"]"}, "]": {"EOS"}, **{w: {"]"} for w in NOUNS}}
+    return chat_policy(folder, NOUNS, follows)
 
 
 @needs_verifiers

@@ -10,11 +10,12 @@ One conversation, as `run` builds it (a row of a `kind: verifiers` data source, 
 The environment's `run` (e.g. TextArena's game loop) drives the exchange through yatt.envs.episode: each user
 turn it sends is rendered as the chat template renders a user turn after the model's reply (`ChatTurns`),
 tokenized alone and appended under mask 0; each model turn is generated from the exact ids so far and handed to
-the environment as text. It ends when the environment ends it (the game is over: finish "stop", ended_by
-"environment") or the loop does: `max_turns` model turns, or the token cap (`max_trajectory_tokens`; finish
-"length"), after which the environment sees a terminated turn and records its outcome. The trajectory's
-`reward` is the environment's (the sum of what it recorded), which yatt.rewards.rules.score_rollout takes as
-the sample's rule score.
+the environment as text. A single-turn environment (verifiers' SingleAgentEnv) is one model turn. It ends when
+the environment ends it (the game is over, the task's @stop fired, the one reply was given: ended_by
+"environment", finish "stop", or "length" if that last turn ran out of tokens) or the loop does: `max_turns` model
+turns, or the token cap (`max_trajectory_tokens`; finish "length"), after which the environment sees a terminated
+turn and records its outcome. The trajectory's `reward` is the episode trace's (what the task's @reward functions
+and the environment recorded, summed), which yatt.rewards.rules.score_rollout takes as the sample's rule score.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class EnvironmentLoop:
         cap, max_turns = self.cfg.max_trajectory_tokens, self.cfg.max_turns
         trajectory = Trajectory(prompt_ids=list(prompt_ids), ended_by="environment")
         last: list[int] = []
+        cut = [False]  # the last model turn ran out of tokens
 
         def end(ended_by: str) -> None:
             trajectory.finish_reason, trajectory.ended_by = "length", ended_by
@@ -103,14 +105,17 @@ class EnvironmentLoop:
                 end("token_cap")
                 return None
             history = trajectory.prompt_ids + trajectory.response_ids
-            ids, logprobs, _ = generate(history, min(max_new_tokens, room), turn_seed(seed, trajectory.num_turns))
+            ids, logprobs, finish = generate(history, min(max_new_tokens, room), turn_seed(seed, trajectory.num_turns))
+            cut[0] = finish == "length"
             trajectory.append(ids, logprobs)
             trajectory.num_turns += 1
             last = ids
             return self.codec.decode(ids, skip_special_tokens=True)
 
-        record = run_episode(env, task, play)
-        trajectory.reward = record.reward
+        trace = run_episode(env, task, play)
+        trajectory.reward = trace.reward
+        if cut[0] and trajectory.ended_by == "environment":  # it ended on a reply the model did not finish
+            trajectory.finish_reason = "length"
         trajectory.text = self.codec.decode(trajectory.response_ids, skip_special_tokens=True)
         trajectory.final_text = self.codec.decode(last, skip_special_tokens=True)
         return trajectory

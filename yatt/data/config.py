@@ -110,10 +110,11 @@ class VerifiersSource(BaseModel):
 
     kind: Literal["verifiers"] = Field(description="verifiers: tasks of a verifiers taskset (pip install "
                                        "'yatt[verifiers]').")
-    taskset: str = Field(description="The verifiers taskset id, e.g. textarena.")
+    taskset: str = Field(description="The verifiers taskset id: a built-in one (textarena) or an installed "
+                         "environment package's (vf-reasoning-gym).")
     options: dict = Field(default_factory=dict, description="The taskset's own config fields, e.g. {game: "
                           "Wordle-v0} for textarena (Wordle-v0, Wordle-v0-long, Hangman-v0, WordLadder-v0, "
-                          "WordSearch-v0).")
+                          "WordSearch-v0), {dataset: basic_arithmetic, ...} for vf-reasoning-gym.")
     start: int = Field(0, ge=0, description="Index of the first task in the taskset's stream (textarena: its seed); "
                        "give the train and eval splits disjoint ranges.")
     size: int = Field(1000, gt=0, description="Number of tasks, from start on; each rank keeps its own slice "

@@ -1,14 +1,20 @@
 """One episode of a verifiers environment's own protocol, `Env.run(task, agents)`, with yatt playing the model.
 
-An environment's `run` opens `agents.<name>.interaction(task)` and sends user turns with `await
-interaction.turn(message)`; each is answered by one model turn (a `Segment`), and the outcome is recorded on
-`interaction.trace` (`record_reward`). verifiers' own agent answers through a harness program (a subprocess per
-turn) and an HTTP model server. Here the environment's agent is a `ModelSeat`, built by verifiers' public agent
-factory (`vf.Agents(config, make)`), whose interaction hands each turn to `play(message) -> reply | None`: the
-caller (yatt.agents.environment) generates the reply on yatt's engines and keeps the token ids; None ends the
-exchange (a terminated Segment, as when a verifiers agent hits its limits). No harness, no HTTP.
+An environment's `run` either hands the task to its agent (`await agents.<name>.run(task)`: verifiers'
+`SingleAgentEnv`, one reply to the task's prompt) or opens `agents.<name>.interaction(task)` and sends user turns
+with `await interaction.turn(message)` (e.g. TextArena's game loop); each turn is answered by one model turn (a
+`Segment`). verifiers' own agent answers through a harness program (a subprocess per turn) and an HTTP model
+server. Here the environment's agent is a `ModelSeat`, built by verifiers' public agent factory
+(`vf.Agents(config, make)`), which hands each turn to `play(message) -> reply | None`: the caller
+(yatt.agents.environment) generates the reply on yatt's engines and keeps the token ids; None ends the exchange (a
+terminated Segment, as when a verifiers agent hits its limits). No harness, no HTTP.
 
-The episode's reward is what the environment recorded, score x weight summed (verifiers' `Trace.reward`).
+The seat keeps a real verifiers `Trace` of the exchange, as a verifiers rollout does: the task's prompt, the
+model's replies (sampled nodes) and the environment's messages, as messages (the token ids stay with the caller).
+Before each model turn the task's `@stop` functions read it (one firing ends the exchange), and when the exchange
+closes the task scores it with its own `@reward` and `@metric` functions (`Task.score`), as verifiers' rollout does
+at its close; the environment can also record rewards on it in `run`. The episode's reward is the trace's: score
+x weight, summed (`Trace.reward`).
 
 TextArena seeds Python's global RNG in `run` before its first turn, so an episode in another thread could draw
 from it between the seed and the game's reset: an episode's setup (from the start of `run` to its first
@@ -28,68 +34,107 @@ from yatt.envs import require_verifiers
 Play = Callable[[str | None], str | None]  # the user turn (None: the task's prompt opens) -> reply, None: end
 
 SETUP_LOCK = threading.Lock()
+CAPPED = "yatt_cap"  # the trace's stop condition when the loop ended it (max_turns or the token cap)
 
 
-class EpisodeRecord:
-    """What the environment records on its interaction's `trace`: rewards, metrics, info (a verifiers Trace's
-    recording surface; the token ids stay with the caller)."""
+def new_trace(task: Any, agent: Any) -> Any:
+    """An empty verifiers Trace of `task` played by the agent declared as `agent` (its AgentConfig)."""
+    vf = require_verifiers()
+    from verifiers.v1.state import state_cls
 
-    def __init__(self) -> None:
-        self.rewards: dict[str, Any] = {}
-        self.metrics: dict[str, float | None] = {}
-        self.info: dict[str, Any] = {}
+    return vf.Trace(
+        task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
+        state=state_cls(type(task))(),
+        agent=vf.AgentInfo(config=agent),
+    )
 
-    def record_reward(self, name: str, value: float, weight: float = 1.0) -> None:
-        self.rewards[name] = require_verifiers().Reward(score=float(value), weight=float(weight))
 
-    def record_metric(self, name: str, value: float) -> None:
-        self.metrics[name] = float(value)
-
-    def record_metrics(self, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            self.record_metric(name, value)
-
-    @property
-    def reward(self) -> float:
-        return sum(r.value for r in self.rewards.values() if r is not None)
+def add_message(trace: Any, message: Any, sampled: bool = False) -> None:
+    """Append one message to the trace's single branch (`sampled`: the model wrote it)."""
+    vf = require_verifiers()
+    parent = len(trace.nodes) - 1 if trace.nodes else None
+    trace.nodes.append(vf.MessageNode(parent=parent, message=message, sampled=sampled))
 
 
 class ModelInteraction:
     """`Interaction.turn` for one exchange: a user message in, the model's reply as a Segment out."""
 
-    def __init__(self, play: Play) -> None:
-        self.play, self.trace, self.over = play, EpisodeRecord(), False
+    def __init__(self, play: Play, task: Any, agent: Any) -> None:
+        self.play, self.task, self.over, self.started = play, task, False, False
+        self.trace = new_trace(task, agent)
+        self.stops = task.hooks("stop")  # each reads the trace (yatt.envs.verifiers_env.check_task)
 
     async def turn(self, message: Any = None) -> Any:
         vf = require_verifiers()
         if self.over:
             raise RuntimeError("the exchange is over (the model's side ended it); read interaction.trace")
+        if not self.started:
+            self.started = True
+            for m in prompt_messages(self.task.data):
+                add_message(self.trace, m)
+        if message is not None:
+            from verifiers.v1.dialects.chat import parse_message
+
+            for m in [vf.UserMessage(content=message)] if isinstance(message, str) else message:
+                add_message(self.trace, parse_message(m) if isinstance(m, dict) else m)
+        if await self.stopped():
+            self.over = True
+            return vf.Segment(messages=[], terminated=True)
         reply = self.play(_text(message))
         if reply is None:
             self.over = True
+            self.trace.stop(CAPPED)
             return vf.Segment(messages=[], terminated=True)
-        return vf.Segment(messages=[vf.AssistantMessage(content=reply)])
+        answer = vf.AssistantMessage(content=reply)
+        add_message(self.trace, answer, sampled=True)
+        return vf.Segment(messages=[answer])
+
+    async def stopped(self) -> bool:
+        """Run the task's @stop functions before a model turn, as verifiers does; the first that fires is the
+        trace's stop condition."""
+        from verifiers.v1.session import call_hook
+
+        for fn in self.stops:
+            result = await call_hook(fn, {require_verifiers().Trace: self.trace})
+            if not isinstance(result, bool):
+                raise ValueError(
+                    f"task {type(self.task).__name__}: @stop {fn.__name__} returned {result!r}, not a bool"
+                )
+            if result:
+                self.trace.stop(fn.__name__)
+                return True
+        return False
 
 
 class ModelSeat:
-    """The environment's agent: one interaction per episode, its first call ending the setup's lock."""
+    """The environment's agent: one exchange per episode (`run` or `interaction`), its opening ending the setup's
+    lock and its close scored by the task."""
 
-    def __init__(self, play: Play, setup_done: Callable[[], None]) -> None:
-        self.play, self.setup_done = play, setup_done
+    def __init__(self, play: Play, agent: Any, setup_done: Callable[[], None]) -> None:
+        self.play, self.agent, self.setup_done = play, agent, setup_done
         self.interaction_: ModelInteraction | None = None
+
+    async def run(self, task: Any, **kwargs: Any) -> Any:
+        """verifiers' `Agent.run`: the model answers the task's prompt once, and the task scores the trace."""
+        async with self.interaction(task) as interaction:
+            await interaction.turn()
+        return interaction.trace
 
     @contextlib.asynccontextmanager
     async def interaction(self, task: Any, **kwargs: Any):
         if self.interaction_ is not None:
             raise RuntimeError("the environment opened a second interaction in one episode; yatt plays one")
         self.setup_done()
-        self.interaction_ = ModelInteraction(self.play)
-        yield self.interaction_
+        self.interaction_ = interaction = ModelInteraction(self.play, task, self.agent)
+        yield interaction
+        interaction.over = True
+        interaction.trace.stop("user_closed")  # kept if a stop or the cap came first
+        await task.score(interaction.trace)  # no runtime: tasks whose scoring needs one are refused up front
 
 
-def run_episode(env: Any, task: Any, play: Play) -> EpisodeRecord:
+def run_episode(env: Any, task: Any, play: Play) -> Any:
     """Run `env`'s protocol on `task` to its end in this thread (its own event loop), `play` answering each
-    turn; the record of what the environment scored. Raises what the environment raises."""
+    turn; the verifiers Trace of the exchange, scored. Raises what the environment raises."""
     vf = require_verifiers()
     held = [SETUP_LOCK.acquire()]
 
@@ -98,10 +143,14 @@ def run_episode(env: Any, task: Any, play: Play) -> EpisodeRecord:
             held[0] = False
             SETUP_LOCK.release()
 
-    seat = ModelSeat(play, setup_done)
+    seats: list[ModelSeat] = []
+
+    def make(name: str, spec: Any) -> ModelSeat:
+        seats.append(ModelSeat(play, spec, setup_done))
+        return seats[-1]
 
     async def episode() -> None:
-        agents = vf.Agents(env.config, lambda name, spec: seat)
+        agents = vf.Agents(env.config, make)
         await env.setup(agents)
         await env.run(task, agents)
 
@@ -109,9 +158,20 @@ def run_episode(env: Any, task: Any, play: Play) -> EpisodeRecord:
         asyncio.run(episode())
     finally:
         setup_done()
-    if seat.interaction_ is None:
+    if not seats or seats[0].interaction_ is None:
         raise RuntimeError(f"{type(env).__name__}.run() played no turn")
-    return seat.interaction_.trace
+    return seats[0].interaction_.trace
+
+
+def prompt_messages(data: Any) -> list[Any]:
+    """The task's opening messages as verifiers sends them: its system prompt, then its prompt."""
+    vf = require_verifiers()
+    messages = [vf.SystemMessage(content=data.system_prompt)] if data.system_prompt else []
+    if isinstance(data.prompt, str):
+        messages.append(vf.UserMessage(content=data.prompt))
+    elif data.prompt:
+        messages.extend(data.prompt)
+    return messages
 
 
 def _text(message: Any) -> str | None:

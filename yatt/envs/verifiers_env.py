@@ -6,7 +6,8 @@ starts either: the agent loop plays the model's side of `Env.run` itself (yatt.e
 built once per process and taskset config (`load_env`), by the data source on every rank and then reused by
 the loop. A task travels in its row's metadata as its taskset config and its TaskData (JSON) and is rebuilt
 through the taskset's own task class (`task_of`), so the package's own task generation, prompts and reward are
-used. What the in-process route does not run is refused when the environment is built (`check_in_process`).
+used. What the in-process route does not run is refused when the environment is built (`check_in_process`) or
+its first task read (`check_task`).
 
 textarena's games call `nltk.download`, which goes to GitHub; `offline_nltk` points nltk at a local folder
 (yatt.envs.nltk_data builds one) and makes a download a lookup there that fails naming the command to run. They
@@ -36,8 +37,14 @@ _dictionaries_lock = threading.Lock()
 
 
 def env_config(taskset: dict) -> dict:
-    """The environment config yatt builds: the taskset's, and a player whose harness is never run."""
-    return {"taskset": taskset, "player": {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}}
+    """The environment config yatt builds: the taskset's, each of its environment's agents declared with a harness
+    that is never run (the seat names are the environment's: `agent` for a plain taskset, `player` for TextArena)."""
+    from verifiers.v1.configs.agent import AgentConfig
+    from verifiers.v1.utils.loaders import env_config_type
+
+    seats = [n for n, f in env_config_type(taskset["id"]).model_fields.items() if isinstance(f.default, AgentConfig)]
+    player = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}}
+    return {"taskset": taskset, **{seat: player for seat in seats}}
 
 
 def load_env(taskset: dict, nltk_data: str | None = None) -> Any:
@@ -79,15 +86,47 @@ def check_in_process(env: Any) -> None:
 
 
 def check_task(task: Any) -> None:
-    """Refuse a task scored by its own reward or metric functions or judges (run at a verifiers rollout's close,
-    over the whole trace, which the in-process loop does not build)."""
-    hooks = task.hooks("reward") + task.hooks("metric")
-    if hooks or task.plugged_judges():
-        names = [getattr(h, "__name__", str(h)) for h in hooks] + ["judges"] * bool(task.plugged_judges())
+    """Refuse, naming why, a task whose rollout needs what the in-process route does not provide: a runtime (its
+    `setup`/`finalize` hooks, scoring functions that take one, a container), judges (they call a model server),
+    its own tools, or hooks that read model requests. Its `@reward`, `@metric` and `@stop` functions over the
+    trace run as in a verifiers rollout (yatt.envs.episode)."""
+    from verifiers.v1.session import hook_boundary
+    from verifiers.v1.utils.decorators import discover_decorated
+
+    vf = require_verifiers()
+    cls, name = type(task), type(task).__name__
+    hooks = [h for h in ("setup", "finalize", "stage_verifier") if getattr(cls, h) is not getattr(vf.Task, h)]
+    if hooks or cls.NEEDS_CONTAINER or task.data.image:
+        why = f"{', '.join(hooks)} hook" if hooks else "container"
         raise ValueError(
-            f"task {type(task).__name__} is scored by {', '.join(names)} over a verifiers trace, "
-            "which yatt does not build; only rewards the environment records in run() are read"
+            f"task {name} needs a runtime ({why}), which yatt does not provision; it plays tasks scored from the "
+            "trace alone"
         )
+    if task.plugged_judges():
+        raise ValueError(f"task {name} is scored by judges, which call a model server yatt does not serve")
+    if cls.toolsets(task.config):
+        raise ValueError(f"task {name} offers tools, which only a verifiers harness calls")
+    takes_runtime = [fn.__name__ for fn in task.hooks("reward") + task.hooks("metric") if _needs_runtime(fn)]
+    if takes_runtime:
+        raise ValueError(
+            f"task {name}: {', '.join(takes_runtime)} score(s) with a runtime, which yatt does not provision"
+        )
+    reads_requests = [fn.__name__ for fn in discover_decorated(task, "intercept")] + [
+        fn.__name__ for fn in task.hooks("stop") if hook_boundary(fn, allow_trace=True) is not vf.Trace
+    ]
+    if reads_requests:
+        raise ValueError(
+            f"task {name}: {', '.join(reads_requests)} read(s) model requests, which this route never makes"
+        )
+
+
+def _needs_runtime(fn: Any) -> bool:
+    """As verifiers decides whether a scoring function needs the rollout's runtime: a `runtime` parameter
+    without a default."""
+    import inspect
+
+    param = inspect.signature(fn).parameters.get("runtime")
+    return param is not None and param.default is inspect.Parameter.empty
 
 
 def offline_nltk(folder: str | Path | None) -> None:
