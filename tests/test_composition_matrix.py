@@ -496,6 +496,19 @@ trainer: {{lr: 0.01, micro_batch_size: 4}}
 {run_body(STEPS, STEPS, 1)}""")
     overrides = [*BACKENDS["fsdp2"], "balance.enabled=true", "checkpoint.export_hf=true"]
     overrides += ["rollout.schedule.mode=one_step_off", "model.lora.rank=2", "model.lora.alpha=4"]
+    run_dir, steps, _ = environment_run(tmp_path, config, overrides, "verifiers/textarena")
+    for r in steps:
+        assert r["rollout/samples"] == 8 and r["agent/turns_mean"] >= 1, r
+        assert {"async/staleness_mean", "balance/moved_samples", "agent/tool_token_frac"} <= set(r), r
+        assert 0.0 <= r["reward/mean"] <= 1.0, r
+    check_export(run_dir, STEPS, lora=True)
+
+
+def environment_run(tmp_path: Path, config: Path, overrides: list[str], source: str) -> tuple[Path, list, list]:
+    """Run an environment row for STEPS steps on 2 ranks and check what every one holds: finite metrics, the 4
+    held-out tasks evaluated at the start and the end, step 1's samples from the weights the trainer holds (its
+    log-probs of the model's tokens equal the engine's), rewards that vary (the policy trains), and samples of the
+    environment (`source`). Returns the run dir, the steps' records and the samples."""
     proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = tmp_path / "runs" / "m"
@@ -503,15 +516,11 @@ trainer: {{lr: 0.01, micro_batch_size: 4}}
     check_steps_finite(logged, STEPS)
     assert logged[0]["eval/count"] == logged[-1]["eval/count"] == 4
     steps = logged[1:]
-    for r in steps:
-        assert r["rollout/samples"] == 8 and r["agent/turns_mean"] >= 1, r
-        assert {"async/staleness_mean", "balance/moved_samples", "agent/tool_token_frac"} <= set(r), r
-        assert 0.0 <= r["reward/mean"] <= 1.0, r
     assert steps[0]["rollout/trainer_logprob_diff_max"] < 1e-3, steps[0]
-    assert any(r["actor/grad_norm"] > 0 for r in steps), steps  # a group's games scored differently
+    assert any(r["actor/grad_norm"] > 0 for r in steps), steps  # a group's samples scored differently
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert samples and all(s["data_source"] == "verifiers/textarena" for s in samples)
-    check_export(run_dir, STEPS, lora=True)
+    assert samples and all(s["data_source"] == source for s in samples)
+    return run_dir, steps, samples
 
 
 @pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core is not installed")
@@ -550,21 +559,11 @@ trainer: {{lr: 0.01, micro_batch_size: 8}}
 algorithm: {{dynamic_sampling: {{enabled: true}}}}
 {run_body(STEPS, STEPS, 1)}""")
     overrides = ["--placement", "partial", *BACKENDS["tp2"]]
-    proc = torchrun(config, *overrides, f"run.output_dir={tmp_path / 'runs'}", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = tmp_path / "runs" / "m"
-    logged = records(run_dir)
-    check_steps_finite(logged, STEPS)
-    assert logged[0]["eval/count"] == logged[-1]["eval/count"] == 4
-    steps = logged[1:]
+    _, steps, samples = environment_run(tmp_path, config, overrides, "verifiers/vf-reasoning-gym")
     for r in steps:
         assert r["agent/turns_mean"] == 1.0 and r["placement/genrm_devices"] == 1, r
         assert r["genrm/judged"] % 4 == 0 and r["genrm/judged"] > 0, r
         assert r["rollout/samples"] == 4 * r["dynamic_sampling/kept_groups"], r
-    assert steps[0]["rollout/trainer_logprob_diff_max"] < 1e-3, steps[0]
-    assert any(r["actor/grad_norm"] > 0 for r in steps), steps  # a group's answers scored differently
-    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert samples and all(s["data_source"] == "verifiers/vf-reasoning-gym" for s in samples)
     # the answers of the weights before any update (at lr 0.01 the table drifts after one)
     answers = [s["response"] for s in samples if s["split"] == "eval" and s["step"] == 0]
     answers += [r["text"] for s in samples if s["split"] == "train" and s["step"] == 1 for r in s["responses"]]

@@ -16,6 +16,7 @@ also rebuild their English dictionary for every game; `share_dictionaries` build
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import os
@@ -123,8 +124,6 @@ def check_task(task: Any) -> None:
 def _needs_runtime(fn: Any) -> bool:
     """As verifiers decides whether a scoring function needs the rollout's runtime: a `runtime` parameter
     without a default."""
-    import inspect
-
     param = inspect.signature(fn).parameters.get("runtime")
     return param is not None and param.default is inspect.Parameter.empty
 
