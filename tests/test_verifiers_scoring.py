@@ -50,8 +50,8 @@ def test_single_turn_rows_are_the_tasks_prompts():
 
 
 class Answerer:
-    """A model that writes "It is N<|im_end|>" with N = the answer + offset(row), log-prob -0.25 a token;
-    `cut` returns the reply without its end and finish "length"."""
+    """A model that writes "It is N<|im_end|>" with N = `answer`, log-prob -0.25 a token; `cut` returns the reply
+    without its end and finish "length"."""
 
     def __init__(self, answer: int, cut: bool = False):
         self.answer, self.cut, self.calls = answer, cut, []

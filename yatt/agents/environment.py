@@ -84,13 +84,13 @@ class EnvironmentLoop:
         cap, max_turns = self.cfg.max_trajectory_tokens, self.cfg.max_turns
         trajectory = Trajectory(prompt_ids=list(prompt_ids), ended_by="environment")
         last: list[int] = []
-        cut = [False]  # the last model turn ran out of tokens
+        last_finish = "stop"  # the last model turn's: "length" when it ran out of tokens
 
         def end(ended_by: str) -> None:
             trajectory.finish_reason, trajectory.ended_by = "length", ended_by
 
         def play(message: str | None) -> str | None:
-            nonlocal last
+            nonlocal last, last_finish
             if trajectory.num_turns == max_turns:
                 end("max_turns")
                 return None
@@ -105,8 +105,9 @@ class EnvironmentLoop:
                 end("token_cap")
                 return None
             history = trajectory.prompt_ids + trajectory.response_ids
-            ids, logprobs, finish = generate(history, min(max_new_tokens, room), turn_seed(seed, trajectory.num_turns))
-            cut[0] = finish == "length"
+            ids, logprobs, last_finish = generate(
+                history, min(max_new_tokens, room), turn_seed(seed, trajectory.num_turns)
+            )
             trajectory.append(ids, logprobs)
             trajectory.num_turns += 1
             last = ids
@@ -114,7 +115,7 @@ class EnvironmentLoop:
 
         trace = run_episode(env, task, play)
         trajectory.reward = trace.reward
-        if cut[0] and trajectory.ended_by == "environment":  # it ended on a reply the model did not finish
+        if last_finish == "length" and trajectory.ended_by == "environment":  # ended on an unfinished reply
             trajectory.finish_reason = "length"
         trajectory.text = self.codec.decode(trajectory.response_ids, skip_special_tokens=True)
         trajectory.final_text = self.codec.decode(last, skip_special_tokens=True)
