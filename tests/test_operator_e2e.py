@@ -105,9 +105,19 @@ def test_a_bad_config_is_one_line_before_any_rank_starts(tmp_path):
     )
     assert line.endswith("[command line: rollout.group_size=0]"), line
     assert not (tmp_path / "runs").exists()
-    # plain torchrun: each rank checks it and rank 0 alone prints it (torchrun's own report follows)
-    proc = torchrun(config, *FAST, "rollout.group_size=0", cwd=tmp_path, timeout=300)
+    # plain torchrun: each rank checks it and rank 0 alone prints it (torchrun's own report follows). Rank 0 starts
+    # late here: a rank 1 that exited first would have torchrun stop rank 0 before it printed
+    (tmp_path / "faults").mkdir()
+    (tmp_path / "faults" / "sitecustomize.py").write_text(SLOW_RANK0)
+    faults = {"PYTHONPATH": os.pathsep.join([str(tmp_path / "faults"), str(REPO)])}
+    proc = torchrun(config, *FAST, "rollout.group_size=0", cwd=tmp_path, timeout=300, extra_env=faults)
     assert proc.returncode != 0 and [x for x in lines(proc.stderr) if x.startswith("error")] == [line], proc.stderr
+
+
+SLOW_RANK0 = """import os, time
+if os.environ.get("RANK") == "0":
+    time.sleep(5)
+"""
 
 
 CRASH = """import os

@@ -13,9 +13,10 @@ Two ways in, the same ranks (each runs yatt.controllers.run.run_experiment):
   torchelastic error file rather than to stderr; the agent prints the line of the rank that failed first (a rank
   that failed only because another did reports nothing) and exits with that rank's code. Torch's own logging is
   off in this process, so no ChildFailedError report follows.
-- plain `torchrun` (also across nodes). Each rank checks the config (rank 0 reports a bad one); a failing rank
-  prints its one line itself, only if it found the problem, writes it to its error file (torchrun shows it as the
-  root cause) and exits with its code. torchrun then adds its own report, which only `--nproc` avoids. Across
+- plain `torchrun` (also across nodes). Each rank checks the config; rank 0 reports a bad one, and the others
+  wait for it (up to CONFIG_REPORT_WAIT_S), since torchrun stops every rank once one exits. A failing rank prints
+  its one line itself, only if it found the problem, writes it to its error file (torchrun shows it as the root
+  cause) and exits with its code. torchrun then adds its own report, which only `--nproc` avoids. Across
   nodes, a rank whose peer node is lost (killed, cut off) prints one line naming that node, within
   `run.peer_timeout_s` and a heartbeat, whatever it was waiting on (yatt.peers).
 
@@ -46,6 +47,7 @@ from yatt.quick_exit import quick_exit
 
 AGENT_ENV = "YATT_LAUNCH_AGENT"  # set by the --nproc agent for its ranks: they report through the error file only
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # set per rank by torch's elastic agent (torchrun's and ours)
+CONFIG_REPORT_WAIT_S = 60.0  # how long a rank other than 0 leaves a bad config to rank 0 to report
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -128,7 +130,9 @@ def run_rank(args: argparse.Namespace) -> int:
     try:  # every rank validates, so a bad config or a missing file stops the job before any process group exists
         cfg = checked_config(args, int(os.environ.get("WORLD_SIZE", "1")))
     except ConfigError as err:
-        return report(f"error: {one_line(err)}", quiet=rank != 0, code=2)
+        if rank != 0:  # rank 0 reports it; exiting first would let torchrun stop rank 0 before it prints
+            time.sleep(CONFIG_REPORT_WAIT_S)  # torchrun ends this rank once rank 0 exits; else rank 0's config held
+        return report(f"error: {one_line(err)}", quiet=False, code=2)
 
     from yatt.checkpoint import CheckpointError  # heavy imports only once the config is good
     from yatt.controllers.run import run_experiment
