@@ -501,6 +501,7 @@ trainer: {{lr: 0.01, micro_batch_size: 4}}
         assert r["rollout/samples"] == 8 and r["agent/turns_mean"] >= 1, r
         assert {"async/staleness_mean", "balance/moved_samples", "agent/tool_token_frac"} <= set(r), r
         assert 0.0 <= r["reward/mean"] <= 1.0, r
+        assert r["env/reward/game_reward"] == pytest.approx(r["reward/mean"]), r  # the game's reward, by name
     check_export(run_dir, STEPS, lora=True)
 
 
@@ -564,6 +565,10 @@ algorithm: {{dynamic_sampling: {{enabled: true}}}}
         assert r["agent/turns_mean"] == 1.0 and r["placement/genrm_devices"] == 1, r
         assert r["genrm/judged"] % 4 == 0 and r["genrm/judged"] > 0, r
         assert r["rollout/samples"] == 4 * r["dynamic_sampling/kept_groups"], r
+        assert 0.0 <= r["env/reward/correct"] <= 1.0 and r["env/metric/has_answer"] == 1.0, r
+    # each sample's scores by name: the task's @vf.reward is the rule part of its reward
+    scored = [r for s in samples if s["split"] == "train" for r in s["responses"]]
+    assert scored and all(r["env_scores"]["reward/correct"] == r["rule_score"] for r in scored), scored
     # the answers of the weights before any update (at lr 0.01 the table drifts after one)
     answers = [s["response"] for s in samples if s["split"] == "eval" and s["step"] == 0]
     answers += [r["text"] for s in samples if s["split"] == "train" and s["step"] == 1 for r in s["responses"]]

@@ -5,8 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from megatron_ranks import run_ranks
 
-from yatt.controllers.metrics import step_metrics, step_reductions
+from yatt.controllers.metrics import env_score_metrics, step_metrics, step_reductions
 from yatt.controllers.minibatches import mini_batches
 from yatt.controllers.policy import token_batch
 from yatt.data.rollout import Rollout
@@ -98,6 +99,25 @@ def test_a_rank_without_samples_joins_the_reductions_with_zeros():
     assert set(sums.values()) == {0.0} and peaks["response/length_max"] == 0.0
     m = step_metrics(CFG, STATS, 1, sums, peaks, update)
     assert m["reward/mean"] == 0.0 and m["balance/imbalance_before"] == 1.0
+
+
+ENV_SCORES = [  # per rank, each rollout's named scores: the ranks saw different names, one saw none at all
+    [{"reward/correct": 1.0, "metric/a": 2.0}, {"reward/correct": 0.0}, {}],
+    [{"reward/correct": 1.0, "metric/b": 5.0}],
+    [],
+]
+
+
+def env_scores_body(world, scores: list[list[dict]]) -> dict:
+    rollouts = [Rollout(None, [1], [2], [0.0], "stop", env_scores=s) for s in scores[world.rank]]
+    return env_score_metrics(world, rollouts, "env")
+
+
+def test_env_scores_are_means_over_the_samples_of_every_rank_that_have_them(tmp_path):
+    results = run_ranks(3, env_scores_body, tmp_path, ENV_SCORES)
+    # correct: 3 samples of 5 have it; a: 1 sample (rank 0), b: 1 sample (rank 1); a rank with none still joins
+    expected = {"env/metric/a": 2.0, "env/metric/b": 5.0, "env/reward/correct": 2 / 3}
+    assert results == [expected] * 3
 
 
 def test_the_routing_mismatch_is_the_share_of_compared_tokens_over_ranks():

@@ -18,7 +18,7 @@ from test_verifiers_env import CODEC, END, TOK  # noqa: E402
 
 from yatt.agents.config import AgentConfig  # noqa: E402
 from yatt.agents.environment import EnvironmentLoop  # noqa: E402
-from yatt.envs.episode import CAPPED, run_episode  # noqa: E402
+from yatt.envs.episode import CAPPED, named_scores, run_episode  # noqa: E402
 from yatt.envs.verifiers_env import check_task, read_task_shard  # noqa: E402
 
 ARITH = {
@@ -76,6 +76,7 @@ def test_the_loop_answers_once_and_the_task_scores_the_reply():
             assert t.response_ids == CODEC.encode(f"It is {model.answer}") + ([] if cut else [END])
             assert set(t.response_mask) == {1} and set(t.rollout_logprobs) == {-0.25}
             assert t.ended_by == "environment" and t.finish_reason == ("length" if cut else "stop")
+            assert t.scores == {"reward/correct": t.reward, "metric/has_answer": 1.0}
 
 
 class Data(vf.TaskData):
@@ -143,6 +144,8 @@ def test_the_trace_holds_the_exchange_and_the_tasks_functions_score_it():
     assert trace.stop_condition == "enough" and trace.num_turns == 3
     assert trace.rewards["replies"].value == 1.5 and trace.rewards["env"].value == 2.0
     assert trace.reward == 3.5 and trace.metrics == {"yeses": 2.0}
+    # what metrics log of it: each reward's unweighted score and each metric
+    assert named_scores(trace) == {"reward/replies": 3.0, "reward/env": 1.0, "metric/yeses": 2.0}
 
     # the loop's cap ends it first: the task still scores the partial exchange
     capped = run_episode(Again(), Counting(Data(prompt="go", turns=3)), lambda m: None if m else "yes")

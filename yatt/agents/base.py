@@ -83,6 +83,9 @@ class Trajectory:
     # the environment's own score of the whole trajectory (an environment loop sets it, e.g. a game's reward:
     # yatt.agents.environment); None: the rule verifier or judges score `final_text`
     reward: float | None = None
+    # the environment's named scores of it, for metrics (e.g. a verifiers trace's `reward/<name>`, `metric/<name>`:
+    # yatt.envs.episode.named_scores), logged as their means over samples; empty: none
+    scores: dict[str, float] = field(default_factory=dict)
 
     def append(self, ids: list[int], logprobs: list[float] | None) -> None:
         """Add a model turn (`logprobs` given, mask 1) or environment tokens (None: mask 0, log-prob 0.0)."""

@@ -15,7 +15,8 @@ the environment ends it (the game is over, the task's @stop fired, the one reply
 "environment", finish "stop", or "length" if that last turn ran out of tokens) or the loop does: `max_turns` model
 turns, or the token cap (`max_trajectory_tokens`; finish "length"), after which the environment sees a terminated
 turn and records its outcome. The trajectory's `reward` is the episode trace's (what the task's @reward functions
-and the environment recorded, summed), which yatt.rewards.rules.score_rollout takes as the sample's rule score.
+and the environment recorded, summed), which yatt.rewards.rules.score_rollout takes as the sample's rule score;
+its `scores` are the trace's named rewards and metrics, logged as `env/...` (yatt.controllers.metrics).
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class EnvironmentLoop:
     def run(
         self, prompt_ids: list[int], generate: Generate, max_new_tokens: int, seed: int, row: PromptRow | None = None
     ) -> Trajectory:
-        from yatt.envs.episode import run_episode
+        from yatt.envs.episode import named_scores, run_episode
         from yatt.envs.verifiers_env import task_of
 
         env, task = task_of(row)
@@ -114,7 +115,7 @@ class EnvironmentLoop:
             return self.codec.decode(ids, skip_special_tokens=True)
 
         trace = run_episode(env, task, play)
-        trajectory.reward = trace.reward
+        trajectory.reward, trajectory.scores = trace.reward, named_scores(trace)
         if last_finish == "length" and trajectory.ended_by == "environment":  # ended on an unfinished reply
             trajectory.finish_reason = "length"
         trajectory.text = self.codec.decode(trajectory.response_ids, skip_special_tokens=True)

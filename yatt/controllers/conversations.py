@@ -268,6 +268,7 @@ def agent_rollouts(row: PromptRow, prompt_ids: list[int], trajectories: list[Tra
                 routed_experts=t.routed_experts,
                 agent_stats={name: float(getattr(t, name)) for name in AGENT_STATS},
                 env_reward=t.reward,
+                env_scores=dict(t.scores),
             )
         )
     return out

@@ -213,6 +213,18 @@ def agent_metrics(s: dict[str, float], prefix: str) -> dict[str, float]:
     }
 
 
+def env_score_metrics(world, rollouts: list[Rollout], prefix: str) -> dict[str, float]:
+    """The environment's named scores (Rollout.env_scores: a verifiers task's rewards and metrics), each the mean
+    over the samples of all ranks that have it. A name is known only once an episode recorded it (a scoring
+    function may return several), so the ranks first agree on the union of their names."""
+    names = sorted(set().union(*world.all_gather_object(sorted({n for r in rollouts for n in r.env_scores}))))
+    if not names:  # a loop that records none (all ranks agree): no reductions
+        return {}
+    sums = summed(world, {n: sum(r.env_scores.get(n, 0.0) for r in rollouts) for n in names})
+    counts = summed(world, {n: float(sum(n in r.env_scores for r in rollouts)) for n in names})
+    return {f"{prefix}/{n}": sums[n] / counts[n] for n in names if counts[n]}
+
+
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

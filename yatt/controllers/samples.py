@@ -30,6 +30,8 @@ def _response(r: Rollout) -> dict:
     }
     if r.agent_stats:  # an agent loop's trajectory: every id and its mask (1 model, 0 tool/environment), the counts
         out.update(response_ids=r.response_ids, response_mask=r.loss_mask(), agent=r.agent_stats)
+    if r.env_scores:  # the environment's named rewards and metrics
+        out["env_scores"] = r.env_scores
     return out
 
 

@@ -51,6 +51,9 @@ class Rollout:
     # the environment's own reward of an agent loop's trajectory (Trajectory.reward: e.g. a verifiers game's); when
     # set it is the rollout's rule score (yatt.rewards.rules.score_rollout); None: the row's verifier scores `text`
     env_reward: float | None = None
+    # the environment's named scores of the trajectory (Trajectory.scores), logged as their means
+    # (yatt.controllers.metrics.env_score_metrics); empty: none
+    env_scores: dict[str, float] = field(default_factory=dict)
 
     def loss_mask(self) -> list[int]:
         """Per response id: 1 where the trainer scores it (model tokens), 0 for environment tokens."""

@@ -163,6 +163,13 @@ def run_episode(env: Any, task: Any, play: Play) -> Any:
     return seats[0].interaction_.trace
 
 
+def named_scores(trace: Any) -> dict[str, float]:
+    """The trace's named scores, for metrics: each reward's unweighted score (`reward/<name>`) and each metric
+    (`metric/<name>`), from the task's functions and what the environment recorded; None (not scored) left out."""
+    rewards = {f"reward/{k}": r.score for k, r in trace.rewards.items() if r is not None}
+    return rewards | {f"metric/{k}": float(v) for k, v in trace.metrics.items() if v is not None}
+
+
 def prompt_messages(data: Any) -> list[Any]:
     """The task's opening messages as verifiers sends them: its system prompt, then its prompt."""
     vf = require_verifiers()
