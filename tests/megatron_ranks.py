@@ -163,6 +163,40 @@ def trainer_step_body(
     }
 
 
+def routing_body(
+    world, folder: str, tp: int, pp: int, ep: int, batch, rows: list[list[int]], denominators: tuple, kwargs: dict
+) -> dict:
+    """Routing replay on one rank of a MegatronTrainer (yatt.trainers.megatron_routing), this data-parallel rank's
+    rows of `batch` (the engine's routing to replay and to compare with): a log-prob pass replaying it (r3) and
+    recording what it used, with the mismatch counts; a pass without replay recording the router's own choice
+    (r2's record); an update replaying it (routing_passes)."""
+    from yatt.config import TrainerConfig
+    from yatt.trainers.megatron_config import MegatronConfig
+    from yatt.trainers.megatron_trainer import MegatronTrainer
+
+    own = MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep)
+    trainer = MegatronTrainer(folder, TrainerConfig(backend="megatron", megatron=own, **kwargs), world, total_steps=4)
+    out = routing_passes(trainer, batch.select(rows[trainer.dp_rank]), denominators)
+    return {**out, "dp_rank": trainer.dp_rank, "pp_rank": trainer.pp_rank, "tp_rank": trainer.tp_rank}
+
+
+def routing_passes(trainer, mine, denominators: tuple) -> dict:
+    """routing_body's passes on any trainer (the torch backend's too)."""
+    from yatt.algorithms.objective import Algorithm
+    from yatt.config import AlgorithmConfig
+
+    replayed, _ = trainer.logprobs(mine, record_routing=True)
+    counts = trainer.routing_counts()
+    used = mine.routing.clone()
+    free = mine.select(torch.arange(len(mine)))
+    free.routing = free.engine_routing = None
+    own_lp, _ = trainer.logprobs(free, record_routing=True)
+    stats = trainer.train_mini_batch(mine, Algorithm(AlgorithmConfig()).objective(*denominators))
+    weights = {k: v.clone() for bucket in trainer.engine_weights(1 << 16) for k, v in bucket}
+    return {"replayed": replayed, "counts": counts, "used": used, "own_lp": own_lp, "own": free.routing,
+            "stats": stats, "weights": weights}  # fmt: skip
+
+
 def resume_body(world, folder: str, tp: int, pp: int, batch, denominators: tuple, trainer_kwargs: dict) -> dict:
     """Two steps in one trainer vs step 1, state_dict copied, a fresh trainer loading it, step 2: the
     second steps' stats and weights, and the shard's size against the whole model's."""

@@ -57,7 +57,7 @@ class Combination(NamedTuple):
     # single-turn runs also resume the requests a push cuts, in_flight=resume, so r3 replays resumed samples)
     schedule: str
     lora: bool  # model.lora (rank 2, merged sync)
-    policy: str  # dense | moe (a tiny Qwen3-MoE; routing replay r3 on the torch backend, which alone replays)
+    policy: str  # dense | moe (a tiny Qwen3-MoE, routing replay r3)
     agent: str = "single_turn"  # single_turn | tool_loop (rollout.agent: the calculator, 2 turns, in lockstep)
     prompts: str = "text"  # text | images (the counting-squares task, a tiny VL policy warmed up on it)
 
@@ -140,9 +140,9 @@ def test_the_matrix_covers_every_allowed_pair():
 
 
 def test_the_constraint_is_the_configs(tmp_path, vl_policy):
-    """`allowed` leaves out exactly what yatt refuses (partial placement with a rule-only reward, LoRA and routing
-    replay on megatron, LoRA, agent loops, PPO's critic and distillation with a VL policy), and yatt takes every
-    combination of the matrix."""
+    """`allowed` leaves out exactly what yatt refuses (partial placement with a rule-only reward, LoRA on megatron,
+    LoRA, agent loops, PPO's critic and distillation with a VL policy), and yatt takes every combination of the
+    matrix."""
     config = tmp_path / "exp.yaml"
     config.write_text(f"model: {{path: {tmp_path}}}\ndata: {{train: {{kind: jsonl, files: [{tmp_path}/t.jsonl]}}}}\n")
     with pytest.raises(ConfigError, match="placement.mode=partial"):
@@ -151,8 +151,6 @@ def test_the_constraint_is_the_configs(tmp_path, vl_policy):
     megatron = ["trainer.backend=megatron"]
     with pytest.raises(ConfigError, match="trainer.backend=megatron does not train LoRA adapters"):
         load_experiment(config, [*megatron, "model.lora.rank=2"])
-    with pytest.raises(ConfigError, match="only the torch backend replays MoE routing|routing_replay"):
-        load_experiment(config, [*megatron, "algorithm.routing_replay=r3"])
     vl = f"model.path={vl_policy[0]}"
     teacher = [f"reward.teacher={{model: {vl_policy[0]}}}", "algorithm.advantage={kind: distill}"]
     for refused in (
@@ -241,7 +239,7 @@ def config_of(tmp: Path, c: Combination, body: str, vl: tuple[Path, Path] | None
         f"rollout.schedule.mode={c.schedule}",
         *(["rollout.schedule.in_flight=resume"] if resumes(c) else []),
         *(["model.lora.rank=2", "model.lora.alpha=4"] if c.lora else []),
-        *(["algorithm.routing_replay=r3"] if c.policy == "moe" and c.backend in TORCH else []),
+        *(["algorithm.routing_replay=r3"] if c.policy == "moe" else []),
         *([f"rollout.agent={TOOL_LOOP}"] if c.agent == "tool_loop" else []),
         # the warmed-up VL policy at 0.01 learns the judge's taste (an even digit) in one step: no variance left
         *(["trainer.lr=0.001"] if c.prompts == "images" else []),
@@ -299,7 +297,7 @@ def feature_keys(c: Combination) -> list[str]:
     if c.schedule != "sync":
         keys += ["async/staleness_mean"]
     if c.policy == "moe":
-        keys += ["moe/aux_loss", "moe/tokens_per_expert_max", "moe/tokens_per_expert_mean"]
+        keys += ["moe/aux_loss", "moe/tokens_per_expert_max", "moe/tokens_per_expert_mean", "moe/routing_mismatch"]
     if c.agent == "tool_loop":
         keys += ["agent/turns_mean", "agent/tool_calls_per_sample", "agent/tool_token_frac"]
     return keys

@@ -185,3 +185,106 @@ def test_moe_rl_step_equals_the_torch_backend(tmp_path, tp, pp, ep, rows):
     for key in want["stats"]:
         if not key.startswith(("moe/", "grad_norm", "lr", "skipped")):
             assert abs(sum(by_dp[d]["stats"][key] for d in range(dp)) - want["stats"][key]) <= 1e-5, key
+
+
+@pytest.fixture(scope="module")
+def replay_case(tmp_path_factory):
+    """Two prompts x 4 samples of a tiny Qwen3-MoE from the hf engine, with the experts it routed every token to
+    (as the trainer reads them: token_batch), and a copy of the model with every router nudged, which both
+    backends load: its own top-k differs from the engine's on some tokens, so replaying changes the log-probs."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from test_moe_routing import MOE
+
+    from yatt.controllers.policy import token_batch
+    from yatt.data.rollout import Rollout
+    from yatt.engines.base import SamplingSpec, generate
+    from yatt.engines.config import EngineConfig
+    from yatt.engines.hf_engine import HFEngine
+    from yatt.models.tiny import write_tiny_model
+
+    root = tmp_path_factory.mktemp("replay")
+    # the balancing loss off on both backends (their weighting differs: test_moe_rl_step_equals_the_torch_backend)
+    # 2 key-value heads (TP=2 splits them)
+    tiny = MOE.model_copy(update={"router_aux_loss_coef": 0.0, "num_attention_heads": 4, "num_key_value_heads": 2})
+    folder = write_tiny_model(root / "policy", tiny, seed=3)
+    engine = HFEngine(str(folder), EngineConfig(), seed=0)
+    prompts = [[4, 5, 13, 6, 14], [7, 13, 8, 8, 14]]  # "1+2=", "4+55="
+    groups = generate(engine, prompts, SamplingSpec(n=4, temperature=1.0, max_tokens=6, routed_experts=True), [23, 123])
+    rollouts = [
+        Rollout(None, p, c.token_ids, c.logprobs, c.finish_reason, routed_experts=c.routed_experts)
+        for p, group in zip(prompts, groups)
+        for c in group
+    ]
+    batch = token_batch(rollouts, pad_id=0, temperature=1.0)
+    # seeds whose samples hold no pad token (id 0): transformers' embedding gives the pad row no gradient
+    # (padding_idx), megatron's does, so an update on such a sample differs between the backends
+    assert not (batch.input_ids[batch.attention_mask.bool()] == 0).any()
+    gen = torch.Generator().manual_seed(2)
+    batch.extras.update(old_logprobs=batch.extras["rollout_logprobs"].clone(), advantages=torch.randn(8, generator=gen))
+    nudged = shutil.copytree(folder, root / "nudged")
+    weights = load_file(nudged / "model.safetensors")
+    for name in [n for n in weights if n.endswith("mlp.gate.weight")]:
+        weights[name] = weights[name] + 0.5 * torch.randn(weights[name].shape, generator=gen)
+    save_file(weights, nudged / "model.safetensors")
+    return nudged, batch
+
+
+def per_layer(routing: torch.Tensor, layers: list[int]) -> torch.Tensor:
+    """[B, L, layers x k] routing's columns of `layers` (k = 2)."""
+    return routing.reshape(*routing.shape[:2], -1, 2)[:, :, layers]
+
+
+@pytest.mark.parametrize(
+    "tp,pp,ep,rows,pack",
+    [
+        (1, 1, 2, [[0, 1, 2, 3], [4, 5, 6, 7]], True),
+        pytest.param(2, 1, 2, None, False, marks=pytest.mark.slow),
+        pytest.param(1, 2, 1, None, True, marks=pytest.mark.slow),
+    ],
+    ids=str,
+)
+def test_megatron_replays_and_records_routing_as_the_torch_backend(tmp_path, replay_case, tp, pp, ep, rows, pack):
+    """Routing replay on megatron's MoE layers (yatt.trainers.megatron_routing) against the torch backend's
+    (yatt.trainers.moe), on the hf engine's routing of real samples and a nudged router: a log-prob pass replaying
+    the engine's experts (r3) gives the same log-probs, records the same experts and counts the same routing
+    mismatch; a pass without replay records the router's own experts (r2's record), as the torch backend does;
+    an update replaying the engine's experts gives the same grad norm and weights. EP=2 x DP=2 (packed, shared
+    prompts), TP=2 x EP=2 (padded rows: megatron's sequence-first order, TP slices), PP=2 (a layer per stage)."""
+    from megatron_ranks import routing_body, routing_passes
+
+    from yatt.distributed import World
+    from yatt.trainers.config import TrainerConfig
+    from yatt.trainers.torch_trainer import TorchTrainer
+
+    folder, batch = replay_case
+    kwargs = dict(lr=1e-3, micro_batch_size=3, pack_sequences=pack)
+    tokens, seqs = float(batch.mask.sum()), float(len(batch))
+    world = World(0, 1, 0, torch.device("cpu"))
+    want = routing_passes(TorchTrainer(folder, TrainerConfig(**kwargs), world, total_steps=4), batch, (tokens, seqs, 6))
+    assert want["counts"]["routing/tokens_differ"] > 0  # the nudge moved some tokens' experts
+    assert (want["replayed"] - want["own_lp"]).abs().max() > 1e-3  # so replaying them matters
+    dp = 1 if rows is None else len(rows)
+    rows = rows or [list(range(len(batch)))]
+    results = run_ranks(
+        tp * pp * dp, routing_body, tmp_path / "ranks", str(folder), tp, pp, ep, batch, rows,
+        (tokens / dp, seqs / dp, 6), kwargs,
+    )  # fmt: skip
+    for r in results:
+        mine = torch.tensor(rows[r["dp_rank"]])
+        width = r["replayed"].shape[1]
+        assert (r["replayed"] - want["replayed"][mine, :width]).abs().max() <= 1e-5
+        assert (r["own_lp"] - want["own_lp"][mine, :width]).abs().max() <= 1e-5
+        layers = [r["pp_rank"]] if pp == 2 else [0, 1]  # each stage records its own layers (-1 in the others')
+        for key in ("used", "own"):
+            width = r[key].shape[1]
+            assert torch.equal(per_layer(r[key], layers), per_layer(want[key][mine, :width], layers)), key
+            assert (per_layer(r[key], [x for x in (0, 1) if x not in layers]) == -1).all(), key
+        assert abs(r["stats"]["grad_norm"] - want["stats"]["grad_norm"]) <= 1e-5
+        for name, w in want["weights"].items():
+            assert float((r["weights"][name] - w).abs().max()) <= 1e-5, name
+    # the mismatch: every rank of a model-parallel group holds its group's counts; summed over data parallel
+    counted = {r["dp_rank"]: r["counts"] for r in results}
+    assert all(r["counts"] == counted[r["dp_rank"]] for r in results)
+    assert {k: sum(c[k] for c in counted.values()) for k in want["counts"]} == want["counts"]

@@ -427,8 +427,8 @@ REFUSALS: list[Refusal] = [
     Refusal("data.train/eval.kind=verifiers + rollout.agent.kind other than verifiers, or the reverse",
             "the environment plays its tasks and gives their reward through its own loop", _environment_data),
     Refusal("algorithm.routing_replay (not off) or routing_mismatch + a trainer backend without routing replay "
-            "(megatron)",
-            "only the torch backend replays MoE routing", _routing_trainer),
+            "(a plug-in that does not declare it)",
+            "the trainer replays and measures MoE routing", _routing_trainer),
     Refusal("algorithm.routing_replay=r3 or routing_mismatch + an engine that does not return routed experts (vllm)",
             "R3 replays the experts the engine routed to; vLLM 0.32 captures them on GPUs only", _routing_engine),
     Refusal("algorithm.routing_replay=r2 + algorithm.old_logprobs=rollout",

@@ -18,6 +18,7 @@ from yatt.data.rollout import Rollout
 from yatt.distributed import World
 from yatt.tensors import LossFn, TokenBatch
 from yatt.trainers.base import Trainer
+from yatt.trainers.moe import keep_routing
 
 
 def token_batch(rollouts: list[Rollout], pad_id: int, temperature: float, replay: bool = True) -> TokenBatch:
@@ -103,13 +104,6 @@ def old_logprobs(
         if r2 and sub.routing is not None:
             keep_routing(batch, rest, sub.routing)
     return old_lp, entropy
-
-
-def keep_routing(batch: TokenBatch, rows: Tensor, routing: Tensor) -> None:
-    """batch.routing's `rows` (created, -1 elsewhere, if the batch had none) := `routing` [len(rows), L', ...]."""
-    if batch.routing is None:
-        batch.routing = torch.full((*batch.input_ids.shape, *routing.shape[2:]), -1, dtype=torch.long)
-    batch.routing[rows[:, None], torch.arange(routing.shape[1])] = routing
 
 
 def advantage_input(

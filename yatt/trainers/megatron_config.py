@@ -134,6 +134,5 @@ MEGATRON = Backend(
     preflight=preflight,
     lora="its layers are megatron-core's tensor-parallel linears, which peft does not adapt, and its weights "
     "reach engines and checkpoints as gathered shards, which know no adapters yet",
-    routing_replay="its MoE layers are megatron-core's, which yatt's routing patch (transformers' routers) does "
-    "not reach yet",
+    routing_replay=True,  # yatt.trainers.megatron_routing
 )

@@ -134,6 +134,7 @@ class SlicedMoELayer(MoELayer):
         self.recorder: ExpertLoad | None = None
         self.global_layer = 0
         self._keep: Tensor | None = None
+        self.replay = None  # its router's top-k under routing replay (yatt.trainers.megatron_routing.LayerReplay)
         self.router.weight.yatt_sum_over_tp = self.tp > 1  # a slice's gradient (finalize)
 
     def route(self, hidden_states: Tensor, padding_mask: Tensor | None = None):
@@ -147,6 +148,8 @@ class SlicedMoELayer(MoELayer):
     def forward(self, hidden_states: Tensor, intermediate_tensors=None, padding_mask: Tensor | None = None):
         if self.tp == 1:
             self._keep = None
+            if self.replay is not None:  # every token of the micro-batch
+                self.replay.slice = (0, hidden_states.shape[0] * hidden_states.shape[1])
             return super().forward(hidden_states)
         group = ps.get_tensor_model_parallel_group()
         s, b, h = hidden_states.shape
@@ -156,7 +159,10 @@ class SlicedMoELayer(MoELayer):
         if per * self.tp > n:
             flat = torch.cat([flat, flat.new_zeros(per * self.tp - n, 1, h)])
         mine = scatter_to_sequence_parallel_region(flat, group=group)  # backward: all-gather
-        pads = torch.arange(per, device=flat.device) + per * ps.get_tensor_model_parallel_rank() >= n
+        rank = ps.get_tensor_model_parallel_rank()
+        pads = torch.arange(per, device=flat.device) + per * rank >= n
+        if self.replay is not None:
+            self.replay.slice = (per * rank, per * (rank + 1))
         self._keep = ~pads
         out, bias = super().forward(mine, padding_mask=pads[None] if bool(pads.any()) else None)
         # backward: each rank keeps its slice of the (whole, replicated) gradient

@@ -60,6 +60,7 @@ from yatt.trainers.megatron_groups import check_same_batch, from_last_stage, out
 from yatt.trainers.megatron_scoring import MegatronScorer
 from yatt.trainers.megatron_state import MegatronState
 from yatt.trainers.megatron_weights import gathered_buckets, hf_units
+from yatt.trainers.moe import ROUTING_COUNTS, keep_routing
 from yatt.trainers.packing import model_inputs, shared_prompts
 from yatt.trainers.scoring import image_slots
 from yatt.trainers.torch_trainer import freeze_vision_tower, lr_factor
@@ -162,6 +163,12 @@ class MegatronTrainer(MegatronState):
             # a MoE policy's experts' load, per step (yatt.trainers.megatron_moe)
             first_layer = mm.stage_layers(self._text, self.pp, self.pp_rank).start
             self.expert_load = moe.attach(self.gpt, self._text, first_layer)
+            # and its routing replay and routing mismatch (yatt.trainers.megatron_routing)
+            self.routing = None
+            if self.expert_load is not None:
+                from yatt.trainers.megatron_routing import Routing
+
+                self.routing = Routing(moe.moe_layers(self.gpt), self._text, first_layer, world.device)
             last = self.pp_rank == self.pp - 1
             tied_output = self._text.tie_word_embeddings and self.pp > 1 and last and head == "lm"
             hf_state, tower = read_hf_weights(Path(model_path)), {}
@@ -287,11 +294,20 @@ class MegatronTrainer(MegatronState):
         )
 
     def _schedule(
-        self, batch: TokenBatch, micro: list[list[int]], count: int, with_entropy: bool, loss_fn: LossFn | None
+        self,
+        batch: TokenBatch,
+        micro: list[list[int]],
+        count: int,
+        with_entropy: bool,
+        loss_fn: LossFn | None,
+        routed: list[tuple[list[int], Tensor]] | None = None,
     ) -> tuple[list[tuple[list[int], Tensor, Tensor | None]], dict[str, float]]:
         """Run `count` micro-batches (those past len(micro) are zero-loss passes that keep data-parallel ranks
         in step) through megatron's schedule; forward-only without loss_fn. Returns, on the last pipeline
-        stage, (rows, logp [b, l-1], entropy) per real micro-batch (detached) and the loss_fn sums."""
+        stage, (rows, logp [b, l-1], entropy) per real micro-batch (detached) and the loss_fn sums. An MoE
+        policy replays each micro-batch's routing where set and counts its routing mismatch; with `routed` (a
+        list) it appends (rows, the routing this stage's layers used, per sample) per real micro-batch."""
+        from megatron.core import parallel_state as ps
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         outputs: list[tuple[list[int], Tensor, Tensor | None]] = []
@@ -313,7 +329,13 @@ class MegatronTrainer(MegatronState):
             extra = {"position_ids": kw["position_ids"], "packed_layout": kw["packed_layout"]} if self.packed else {}
             if mb.pixels and self.gpt.pre_process:  # the tower is the first stage's
                 extra["images"] = image_slots(mb, inputs, self._hf_config.image_token_id, self.dtype)
+            if self.routing is not None:
+                self.routing.begin(mb if rows is not None else None, inputs)
             out = model(kw["input_ids"], inputs.select, inputs.targets, mb.temperature, with_entropy, **extra)
+            if self.routing is not None and rows is not None:  # the stage's layers ran: what they routed
+                used = self.routing.end(mb, inputs, ps.get_tensor_model_parallel_group(), routed is not None)
+                if routed is not None:
+                    routed.append((rows, used))
 
             def loss_func(scores):
                 with compat.off_cpu():  # megatron calls it under the mode
@@ -360,11 +382,23 @@ class MegatronTrainer(MegatronState):
             return max(1, len(micro))
         return max(1, int(self.world.max([float(len(micro))])[0]))
 
-    def logprobs(self, batch: TokenBatch, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Per-token log-probs (and entropies), [B, L-1] on CPU on every rank (head="lm")."""
+    def logprobs(
+        self, batch: TokenBatch, with_entropy: bool = False, record_routing: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Per-token log-probs (and entropies), [B, L-1] on CPU on every rank (head="lm"). `record_routing` (an
+        MoE policy): leave the experts this pass used in batch.routing (this stage's layers; -1 in the others)."""
         if self.head != "lm":
             raise ValueError(f"logprobs() of a {self.head}-head model; it has values()")
-        return self._per_token(batch, with_entropy)
+        return self._per_token(batch, with_entropy, record_routing)
+
+    def routing_counts(self) -> dict[str, float]:
+        """An MoE policy's routing-mismatch counts since the last call, those of its model-parallel group (a
+        collective of the group's ranks; yatt.trainers.megatron_routing); 0 for a dense model."""
+        if self.routing is None:
+            return dict.fromkeys(ROUTING_COUNTS, 0.0)
+        from megatron.core import parallel_state as ps
+
+        return self.routing.counts(ps.get_model_parallel_group())
 
     def values(self, batch: TokenBatch) -> Tensor:
         """Per-token values, [B, L-1] on CPU on every rank, 0 outside the mask (head="value")."""
@@ -372,12 +406,17 @@ class MegatronTrainer(MegatronState):
             raise ValueError(f"values() of a {self.head}-head model; it has logprobs()")
         return self._per_token(batch, False)[0]
 
-    def _per_token(self, batch: TokenBatch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    def _per_token(
+        self, batch: TokenBatch, with_entropy: bool, record_routing: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """The scorer's per-token outputs (log-probs or values, and entropies) from the last stage."""
         check_same_batch(batch, self.tp * self.pp, self.world.device)
         micro = self.micro_batches(batch)
+        routed = [] if record_routing and self.routing is not None else None
         with torch.no_grad():
-            outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None)
+            outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None, routed)
+        for rows, used in routed or []:
+            keep_routing(batch, torch.tensor(rows), used)
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
         for rows, logp, ent in outputs_from_last_stage(self.pp, self.world.device, outputs):
             index, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])

@@ -53,6 +53,13 @@ def mismatch_counts(own: Tensor, engine: Tensor) -> Tensor:
     return torch.tensor([n, float(differs.any(dim=-1).sum()), n * own.shape[1], float(differs.sum())])
 
 
+def keep_routing(batch: TokenBatch, rows: Tensor, routing: Tensor) -> None:
+    """batch.routing's `rows` (created, -1 elsewhere, if the batch had none) := `routing` [len(rows), L', ...]."""
+    if batch.routing is None:
+        batch.routing = torch.full((*batch.input_ids.shape, *routing.shape[2:]), -1, dtype=torch.long)
+    batch.routing[rows[:, None], torch.arange(routing.shape[1])] = routing
+
+
 def real_tokens(mb: TokenBatch, inputs: ModelInputs) -> Tensor | None:
     """[N] bool, the model input's real tokens (None: all of them, as a packed row's)."""
     return None if inputs.owner is not None else mb.attention_mask.reshape(-1).bool()

@@ -41,7 +41,7 @@ from yatt.tensors import DTYPES, LossFn, NamedTensors, TokenBatch, WeightVersion
 from yatt.trainers.base import Trainer
 from yatt.trainers.config import TrainerConfig
 from yatt.trainers.lora import Adapters
-from yatt.trainers.moe import ROUTING_COUNTS, MoE
+from yatt.trainers.moe import ROUTING_COUNTS, MoE, keep_routing
 from yatt.trainers.packing import ModelInputs, attention_implementation, model_inputs, shared_prompts
 from yatt.trainers.scoring import TokenScorer, ValueScorer, image_slots
 from yatt.trainers.sharding import full, fully_shard_model, like, local
@@ -252,10 +252,7 @@ class TorchTrainer:
             with self._routing(mb, inputs):
                 logp, ent = self._token_outputs(self.scorer, mb, with_entropy, inputs)
                 if self.moe is not None and record_routing:  # what this pass routed to, replayed or not
-                    routed = self.moe.recorded(mb, inputs)
-                    if batch.routing is None:
-                        batch.routing = torch.full((*batch.input_ids.shape, *routed.shape[2:]), -1, dtype=torch.long)
-                    batch.routing[torch.tensor(rows)[:, None], torch.arange(routed.shape[1])] = routed
+                    keep_routing(batch, torch.tensor(rows), self.moe.recorded(mb, inputs))
             rows, width = torch.tensor(rows)[:, None], torch.arange(logp.shape[1])
             logps[rows, width] = logp.cpu()
             if with_entropy:
