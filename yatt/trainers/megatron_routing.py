@@ -48,13 +48,11 @@ class LayerReplay:
 
     def get_replay_topk(self, scores: Tensor, topk: int, num_groups=None, group_topk=None, default_compute_topk=None):
         probs, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
-        self.own, self.used = own.detach(), own.detach()
+        self.own = self.used = own.detach()
         target = self.routing.target(self.layer, self.slice, own.shape[0])
         if target is None:
             return probs, own
-        target = target.to(own.device)
-        used = torch.where(target[:, :1] >= 0, target, own)
-        self.used = used
+        self.used = used = torch.where(target[:, :1] >= 0, target.to(own.device), own)
         return scores.gather(1, used), used
 
 
@@ -63,8 +61,7 @@ class Routing:
 
     def __init__(self, layers: list[Any], hf: Any, first_layer: int, device: torch.device):
         self.layers, self.top_k = hf.num_hidden_layers, hf.num_experts_per_tok
-        self.device, self.stage = device, [first_layer + i for i in range(len(layers))]
-        self.replays = []
+        self.device, self.replays = device, []
         for i, layer in enumerate(layers):
             layer.router.router_replay = replay = LayerReplay(self, first_layer + i)
             layer.replay = replay
@@ -94,8 +91,6 @@ class Routing:
         """After the forward of `mb`: count its mismatch (where it carries engine_routing) and, with `record`,
         the routing it used per sample ([B, L, layers x k] on CPU; -1 off this stage's layers)."""
         self.forced = None
-        if not self.replays:
-            return None
         if mb.engine_routing is not None:
             own = model_order(self.full([r.own for r in self.replays], inputs, None), mb, inputs)
             self.compare(per_sample(own, mb, inputs), mb.engine_routing)
@@ -136,9 +131,10 @@ class Routing:
         reset."""
         flags = torch.cat(self.flags).float() if self.flags else torch.zeros(0)
         differ = torch.tensor([self.layers_differ], dtype=torch.float64)
-        if group is not None and dist.get_world_size(group) > 1:
+        if group is not None and dist.get_world_size(group) > 1:  # the group's ranks hold as many flags
             flags, differ = flags.to(self.device), differ.to(self.device)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+            if flags.numel():
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
             dist.all_reduce(differ, group=group)
         self.flags, self.layers_differ = [], 0.0
         n = float(flags.numel())
