@@ -28,7 +28,8 @@ under the folder's names.
 
 A mixture-of-experts policy (Qwen3-MoE): megatron's MoE layers, experts shared out over
 `trainer.megatron.expert_parallel` ranks, the router's load-balancing loss, and the experts' load per step in the
-stats (`moe/...`): yatt.trainers.megatron_moe.
+stats (`moe/...`): yatt.trainers.megatron_moe. Routing replay (r2, r3) and the routing mismatch on its routers:
+yatt.trainers.megatron_routing.
 
 bfloat16: the model's weights and gradients are bfloat16, and megatron's optimizer keeps float32 master
 weights and Adam state (sharded over DP), as megatron always does for half-precision training.
