@@ -166,6 +166,23 @@ def test_routing_replay_refusals_are_in_the_table(overrides, says):
         load_config(ExperimentConfig, config, overrides)
 
 
+def test_a_trainer_backend_that_does_not_declare_replay_is_refused():
+    """Both built-in trainers replay; a plug-in trainer backend (yatt.backends) that does not declare
+    routing_replay is refused, naming why."""
+    from types import SimpleNamespace
+
+    from yatt.refusals import _routing_trainer
+
+    def cfg(replay: str, mismatch: bool, entry) -> SimpleNamespace:
+        algorithm = SimpleNamespace(routing_replay=replay, routing_mismatch=mismatch)
+        return SimpleNamespace(algorithm=algorithm, trainer=SimpleNamespace(backend="mine", backend_entry=entry))
+
+    plain = SimpleNamespace()  # declares nothing
+    assert "trainer.backend=mine does not replay MoE routing" in _routing_trainer(cfg("r2", False, plain))
+    assert "does not measure MoE routing" in _routing_trainer(cfg("off", True, plain))
+    assert _routing_trainer(cfg("r3", True, SimpleNamespace(routing_replay=True))) is None
+
+
 def test_a_bare_off_is_off_in_a_file_and_on_the_command_line(tmp_path):
     """YAML reads `off` as false; routing_replay (and the sandbox's network_namespace) take it as the value named."""
     from pathlib import Path
