@@ -59,9 +59,11 @@ class LayerReplay:
 class Routing:
     """The replay objects of one model's MoE layers on this rank, and what their forwards recorded and counted."""
 
-    def __init__(self, layers: list[Any], hf: Any, first_layer: int, device: torch.device):
+    def __init__(self, layers: list[Any], hf: Any, first_layer: int, device: torch.device, measure: bool = True):
+        """`measure`: count the mismatch (the policy's trainer; a reference model or critic is never asked, and
+        its flags would pile up)."""
         self.layers, self.top_k = hf.num_hidden_layers, hf.num_experts_per_tok
-        self.device, self.replays = device, []
+        self.device, self.measure, self.replays = device, measure, []
         for i, layer in enumerate(layers):
             layer.router.router_replay = replay = LayerReplay(self, first_layer + i)
             layer.replay = replay
@@ -91,7 +93,7 @@ class Routing:
         """After the forward of `mb`: count its mismatch (where it carries engine_routing) and, with `record`,
         the routing it used per sample ([B, L, layers x k] on CPU; -1 off this stage's layers)."""
         self.forced = None
-        if mb.engine_routing is not None:
+        if self.measure and mb.engine_routing is not None:
             own = model_order(self.full([r.own for r in self.replays], inputs, None), mb, inputs)
             self.compare(per_sample(own, mb, inputs), mb.engine_routing)
         if not record:

@@ -169,7 +169,8 @@ class MegatronTrainer(MegatronState):
             if self.expert_load is not None:
                 from yatt.trainers.megatron_routing import Routing
 
-                self.routing = Routing(moe.moe_layers(self.gpt), self._text, first_layer, world.device)
+                measure = trainable and head == "lm"  # only the policy is asked for its routing mismatch
+                self.routing = Routing(moe.moe_layers(self.gpt), self._text, first_layer, world.device, measure)
             last = self.pp_rank == self.pp - 1
             tied_output = self._text.tie_word_embeddings and self.pp > 1 and last and head == "lm"
             hf_state, tower = read_hf_weights(Path(model_path)), {}
