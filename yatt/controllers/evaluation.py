@@ -8,7 +8,7 @@ import time
 
 from yatt.controllers.conversations import Agent
 from yatt.controllers.images import load_batch_images
-from yatt.controllers.metrics import agent_metrics, agent_sums, env_score_metrics
+from yatt.controllers.metrics import loop_metrics
 from yatt.controllers.rollouts import generate_rollouts, score_rollouts
 from yatt.data.rollout import Rollout
 from yatt.data.rows import PromptRow
@@ -56,6 +56,5 @@ def evaluate_greedy(
     )
     metrics = {**eval_metrics(sums), "time/eval_s": time.perf_counter() - start}
     if agent.multi_turn:
-        metrics.update(agent_metrics(summed(world, agent_sums(rollouts)), "eval/agent"))
-        metrics.update(env_score_metrics(world, rollouts, "eval/env"))
+        metrics.update(loop_metrics(world, rollouts, "eval/"))
     return metrics, rollouts

@@ -213,6 +213,13 @@ def agent_metrics(s: dict[str, float], prefix: str) -> dict[str, float]:
     }
 
 
+def loop_metrics(world, rollouts: list[Rollout], split: str = "") -> dict[str, float]:
+    """A multi-turn loop's metrics over `world`'s ranks (collectives): `{split}agent/...` (agent_metrics) and the
+    environment's named scores, `{split}env/...`. `split`: "" for a step's rollouts, "eval/" for an evaluation's."""
+    agent = agent_metrics(summed(world, agent_sums(rollouts)), f"{split}agent")
+    return {**agent, **env_score_metrics(world, rollouts, f"{split}env")}
+
+
 def env_score_metrics(world, rollouts: list[Rollout], prefix: str) -> dict[str, float]:
     """The environment's named scores (Rollout.env_scores: a verifiers task's rewards and metrics), each the mean
     over the samples of all ranks that have it. A name is known only once an episode recorded it (a scoring

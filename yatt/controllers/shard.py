@@ -25,15 +25,7 @@ from yatt.controllers.dynamic_sampling import DynamicSampler, in_groups, reduce_
 from yatt.controllers.evaluation import evaluate_greedy
 from yatt.controllers.generation import GenerationStats, GroupShare, assign_rewards, generate_placed, sampling_specs
 from yatt.controllers.images import load_batch_images, reload_images
-from yatt.controllers.metrics import (
-    STAGES,
-    StageTimer,
-    StepResult,
-    agent_metrics,
-    agent_sums,
-    env_score_metrics,
-    train_metrics,
-)
+from yatt.controllers.metrics import STAGES, StageTimer, StepResult, loop_metrics, train_metrics
 from yatt.controllers.minibatches import mini_batches
 from yatt.controllers.policy import advantage_input, old_logprobs, policy_update, token_batch
 from yatt.controllers.rollouts import encode_prompts, rebalance_groups, sample_seed, set_greedy_baselines
@@ -47,7 +39,6 @@ from yatt.genrm.judge import Judge
 from yatt.genrm.teacher import Teacher
 from yatt.models.vision import ImageInputs, is_vision_model
 from yatt.placement.engine_lifecycle import ROLLOUT
-from yatt.placement.metrics import summed
 from yatt.placement.ownership import HookRole
 
 
@@ -115,8 +106,7 @@ class ControllerShard:
         metrics.update(self.rollouts.placement_metrics(self.world, step, batch, timer, self.judges, bool(self.teacher)))
         metrics.update(schedule_metrics(self.world, *self.rollouts.metrics(step, batch.rollouts)))
         if self.agent.multi_turn:  # from the rollouts as generated (balancing moves no agent counts)
-            metrics.update(agent_metrics(summed(self.world, agent_sums(batch.rollouts)), "agent"))
-            metrics.update(env_score_metrics(self.world, batch.rollouts, "env"))
+            metrics.update(loop_metrics(self.world, batch.rollouts))
         self.progress.step, progress = step, self.progress
         return StepResult({**metrics, **sampling_metrics, **balance_metrics}, batch.rollouts, progress.samples_trained)
 
