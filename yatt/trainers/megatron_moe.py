@@ -185,6 +185,14 @@ def attach(gpt: nn.Module, hf: Any, first_layer: int) -> ExpertLoad | None:
     return recorder
 
 
+def routing(gpt: nn.Module, hf: Any, first_layer: int, device: torch.device, measure: bool):
+    """The stage's MoE layers' routing replay (yatt.trainers.megatron_routing.Routing); None for a dense model."""
+    from yatt.trainers.megatron_routing import Routing
+
+    layers = moe_layers(gpt)
+    return Routing(layers, hf, first_layer, device, measure) if layers else None
+
+
 def finalize(inner: Callable) -> Callable:
     """megatron's finalize_model_grads, then the router weights' gradients (a TP slice's each) summed over
     the tensor-parallel group, as megatron sums sequence-parallel weights' (its own condition, the model's

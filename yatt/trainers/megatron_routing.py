@@ -69,6 +69,7 @@ class Routing:
             layer.replay = replay
             self.replays.append(replay)
         self.forced: Tensor | None = None  # the micro-batch's routing, sequence-first [N, layers, k]
+        self.recorded: list[tuple[list[int], Tensor]] | None = None  # a recording pass's (rows, routing used)
         self.flags: list[Tensor] = []  # per forward compared: whether each position differs in a layer here
         self.layers_differ = 0.0
 
@@ -89,17 +90,25 @@ class Routing:
             rows = torch.cat([rows, rows.new_full((n - rows.shape[0], self.top_k), -1)])
         return rows
 
-    def end(self, mb: TokenBatch, inputs: ModelInputs, tp_group: Any, record: bool) -> Tensor | None:
-        """After the forward of `mb`: count its mismatch (where it carries engine_routing) and, with `record`,
-        the routing it used per sample ([B, L, layers x k] on CPU; -1 off this stage's layers)."""
+    def end(self, rows: list[int], mb: TokenBatch, inputs: ModelInputs) -> None:
+        """After the forward of `mb` (the batch's `rows`): count its mismatch (where it carries engine_routing)
+        and, in a recording pass, keep the routing it used per sample ([B, L, layers x k] on CPU; -1 off this
+        stage's layers)."""
+        from megatron.core import parallel_state as ps
+
         self.forced = None
         if self.measure and mb.engine_routing is not None:
             own = model_order(self.full([r.own for r in self.replays], inputs, None), mb, inputs)
             self.compare(per_sample(own, mb, inputs), mb.engine_routing)
-        if not record:
-            return None
-        used = model_order(self.full([r.used for r in self.replays], inputs, tp_group), mb, inputs)
-        return per_sample(used, mb, inputs).cpu()
+        if self.recorded is not None:
+            tp = ps.get_tensor_model_parallel_group()
+            used = model_order(self.full([r.used for r in self.replays], inputs, tp), mb, inputs)
+            self.recorded.append((rows, per_sample(used, mb, inputs).cpu()))
+
+    def take(self) -> list[tuple[list[int], Tensor]]:
+        """What the last recording pass kept (none: it was not one), and stop recording."""
+        recorded, self.recorded = self.recorded or [], None
+        return recorded
 
     def full(self, parts: list[Tensor], inputs: ModelInputs, tp_group: Any) -> Tensor:
         """The micro-batch's [N, layers, k] (sequence-first) from each of this stage's layers' slice: the slices
@@ -128,12 +137,15 @@ class Routing:
         self.flags.append(differs.any(dim=-1).cpu())
         self.layers_differ += float(differs.sum())
 
-    def counts(self, group: Any) -> dict[str, float]:
-        """ROUTING_COUNTS since the last call, over the model-parallel `group` (a collective of its ranks), and
+    def counts(self) -> dict[str, float]:
+        """ROUTING_COUNTS since the last call, over the model-parallel group (a collective of its ranks), and
         reset."""
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_model_parallel_group()
         flags = torch.cat(self.flags).float() if self.flags else torch.zeros(0)
         differ = torch.tensor([self.layers_differ], dtype=torch.float64)
-        if group is not None and dist.get_world_size(group) > 1:  # the group's ranks hold as many flags
+        if dist.get_world_size(group) > 1:  # the group's ranks hold as many flags
             flags, differ = flags.to(self.device), differ.to(self.device)
             if flags.numel():
                 dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)

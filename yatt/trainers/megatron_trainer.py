@@ -164,13 +164,8 @@ class MegatronTrainer(MegatronState):
             # a MoE policy's experts' load, per step (yatt.trainers.megatron_moe)
             first_layer = mm.stage_layers(self._text, self.pp, self.pp_rank).start
             self.expert_load = moe.attach(self.gpt, self._text, first_layer)
-            # and its routing replay and routing mismatch (yatt.trainers.megatron_routing)
-            self.routing = None
-            if self.expert_load is not None:
-                from yatt.trainers.megatron_routing import Routing
-
-                measure = trainable and head == "lm"  # only the policy is asked for its routing mismatch
-                self.routing = Routing(moe.moe_layers(self.gpt), self._text, first_layer, world.device, measure)
+            # and its routing replay and mismatch (yatt.trainers.megatron_routing; only the policy is asked for it)
+            self.routing = moe.routing(self.gpt, self._text, first_layer, world.device, trainable and head == "lm")
             last = self.pp_rank == self.pp - 1
             tied_output = self._text.tie_word_embeddings and self.pp > 1 and last and head == "lm"
             hf_state, tower = read_hf_weights(Path(model_path)), {}
@@ -296,20 +291,12 @@ class MegatronTrainer(MegatronState):
         )
 
     def _schedule(
-        self,
-        batch: TokenBatch,
-        micro: list[list[int]],
-        count: int,
-        with_entropy: bool,
-        loss_fn: LossFn | None,
-        routed: list[tuple[list[int], Tensor]] | None = None,
+        self, batch: TokenBatch, micro: list[list[int]], count: int, with_entropy: bool, loss_fn: LossFn | None
     ) -> tuple[list[tuple[list[int], Tensor, Tensor | None]], dict[str, float]]:
         """Run `count` micro-batches (those past len(micro) are zero-loss passes that keep data-parallel ranks
         in step) through megatron's schedule; forward-only without loss_fn. Returns, on the last pipeline
         stage, (rows, logp [b, l-1], entropy) per real micro-batch (detached) and the loss_fn sums. An MoE
-        policy replays each micro-batch's routing where set and counts its routing mismatch; with `routed` (a
-        list) it appends (rows, the routing this stage's layers used, per sample) per real micro-batch."""
-        from megatron.core import parallel_state as ps
+        policy replays and records each micro-batch's routing (yatt.trainers.megatron_routing)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         outputs: list[tuple[list[int], Tensor, Tensor | None]] = []
@@ -335,9 +322,7 @@ class MegatronTrainer(MegatronState):
                 self.routing.begin(mb if rows is not None else None, inputs)
             out = model(kw["input_ids"], inputs.select, inputs.targets, mb.temperature, with_entropy, **extra)
             if self.routing is not None and rows is not None:  # the stage's layers ran: what they routed
-                used = self.routing.end(mb, inputs, ps.get_tensor_model_parallel_group(), routed is not None)
-                if routed is not None:
-                    routed.append((rows, used))
+                self.routing.end(rows, mb, inputs)
 
             def loss_func(scores):
                 with compat.off_cpu():  # megatron calls it under the mode
@@ -396,11 +381,7 @@ class MegatronTrainer(MegatronState):
     def routing_counts(self) -> dict[str, float]:
         """An MoE policy's routing-mismatch counts since the last call, those of its model-parallel group (a
         collective of the group's ranks; yatt.trainers.megatron_routing); 0 for a dense model."""
-        if self.routing is None:
-            return dict.fromkeys(ROUTING_COUNTS, 0.0)
-        from megatron.core import parallel_state as ps
-
-        return self.routing.counts(ps.get_model_parallel_group())
+        return self.routing.counts() if self.routing is not None else dict.fromkeys(ROUTING_COUNTS, 0.0)
 
     def values(self, batch: TokenBatch) -> Tensor:
         """Per-token values, [B, L-1] on CPU on every rank, 0 outside the mask (head="value")."""
@@ -414,10 +395,11 @@ class MegatronTrainer(MegatronState):
         """The scorer's per-token outputs (log-probs or values, and entropies) from the last stage."""
         check_same_batch(batch, self.tp * self.pp, self.world.device)
         micro = self.micro_batches(batch)
-        routed = [] if record_routing and self.routing is not None else None
+        if self.routing is not None:
+            self.routing.recorded = [] if record_routing else None
         with torch.no_grad():
-            outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None, routed)
-        for rows, used in routed or []:
+            outputs, _ = self._schedule(batch, micro, self._count(micro), with_entropy, None)
+        for rows, used in self.routing.take() if self.routing is not None else []:
             keep_routing(batch, torch.tensor(rows), used)
         logps, ents = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask) if with_entropy else None
         for rows, logp, ent in outputs_from_last_stage(self.pp, self.world.device, outputs):
